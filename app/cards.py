@@ -1,0 +1,187 @@
+"""The model catalog: one strict YAML card per model in `model_cards/`.
+
+A card says how vLLM must be built for a model (the reference's engine arguments, plus the
+demo's documented overrides) and how a conversation is written into its prompt (the adapter it
+names and that adapter's `prompt` section). Loading stops at the first bad card with the file
+name in the message, so a broken catalog fails at start-up rather than mid-chat.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+from app.adapters import Spec, parse_spec
+
+CARDS_DIR = Path(__file__).resolve().parent.parent / "model_cards"
+
+Modality = Literal["image", "video"]
+
+
+class CardError(ValueError):
+    """A model card that cannot be loaded; the message names the file."""
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineOverrides(StrictModel):
+    """Engine arguments the demo changes from the reference, and why."""
+
+    args: dict[str, Any]
+    why: str = Field(min_length=1)
+
+
+class LoraAdapter(StrictModel):
+    """A LoRA the model needs for images, shipped inside the model repository."""
+
+    name: str
+    id: int
+    subpath: str
+
+
+@dataclass(frozen=True)
+class Availability:
+    available: bool
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.reasons)
+
+
+class ModelCard(StrictModel):
+    key: str
+    display_name: str
+    family: str
+    hf_repo: str
+    revision: str | None = None
+    architecture: str
+    modalities: list[Modality] = Field(min_length=1)
+    multi_image: bool = False
+    reference: str
+    reference_engine_args: dict[str, Any]
+    engine_overrides: EngineOverrides | None = None
+    lora: LoraAdapter | None = None
+    stop_token_ids: list[int] = []
+    stop_tokens: list[str] = []
+    stop_on_eos_token: bool = False
+    sampling_defaults: dict[str, Any] = {}
+    video_metadata: bool = False
+    adapter: str
+    chat_template_owner: Literal["tokenizer", "processor"] = "tokenizer"
+    prompt: dict[str, Any]
+    hardware: str
+    notes: str = ""
+    unsupported_reason: str | None = None
+
+    _prompt_spec: Spec = PrivateAttr()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelCard:
+        if self.reference_engine_args.get("model") != self.hf_repo:
+            raise ValueError("reference_engine_args.model must equal hf_repo")
+        unknown = set(self.media_limits) - set(self.modalities)
+        if unknown:
+            raise ValueError(f"limit_mm_per_prompt names {sorted(unknown)}, not in modalities")
+        missing = set(self.modalities) - set(self.media_limits)
+        if missing:
+            raise ValueError(f"modalities {sorted(missing)} have no limit_mm_per_prompt entry")
+        self._prompt_spec = parse_spec(self.adapter, self.prompt, self.modalities)
+        return self
+
+    @property
+    def prompt_spec(self) -> Spec:
+        return self._prompt_spec
+
+    @property
+    def engine_args(self) -> dict[str, Any]:
+        """Keyword arguments for vLLM's engine: the reference's, with the demo's overrides."""
+        args = dict(self.reference_engine_args)
+        if self.engine_overrides is not None:
+            args.update(self.engine_overrides.args)
+        if self.revision is not None:
+            args["revision"] = self.revision
+        return args
+
+    @property
+    def media_limits(self) -> dict[str, int]:
+        args = dict(self.reference_engine_args)
+        if self.engine_overrides is not None:
+            args.update(self.engine_overrides.args)
+        return dict(args.get("limit_mm_per_prompt", {}))
+
+    @property
+    def gpus_needed(self) -> int:
+        args = self.engine_args
+        return int(args.get("tensor_parallel_size", 1)) * int(args.get("pipeline_parallel_size", 1))
+
+    @property
+    def needs_remote_code(self) -> bool:
+        return bool(self.engine_args.get("trust_remote_code", False))
+
+    @property
+    def multi_turn(self) -> bool:
+        return bool(getattr(self.prompt_spec, "multi_turn", True))
+
+    @property
+    def has_system_prompt(self) -> bool:
+        return self.adapter == "chat_template" or getattr(self.prompt_spec, "system", None) is not None
+
+    def availability(self, gpu_count: int, allow_remote_code: bool) -> Availability:
+        """Whether this machine and the operator's settings can serve the model, and why not."""
+        reasons = []
+        if self.unsupported_reason:
+            reasons.append(self.unsupported_reason)
+        if self.gpus_needed > gpu_count:
+            reasons.append(
+                f"needs {self.gpus_needed} GPUs (tensor_parallel_size); this machine has {gpu_count}"
+            )
+        if self.needs_remote_code and not allow_remote_code:
+            reasons.append(
+                "runs code from its model repository (trust_remote_code); "
+                "the operator has not allowed that (APP_ALLOW_REMOTE_CODE=1)"
+            )
+        return Availability(not reasons, tuple(reasons))
+
+
+def load_card(path: Path) -> ModelCard:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        raise CardError(f"{path.name}: not valid YAML: {error}") from None
+    if not isinstance(data, dict):
+        raise CardError(f"{path.name}: a card must be a mapping of fields")
+    try:
+        card = ModelCard.model_validate(data)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'card'}: {e['msg']}" for e in error.errors()
+        )
+        raise CardError(f"{path.name}: {problems}") from None
+    if card.key != path.stem:
+        raise CardError(f"{path.name}: key {card.key!r} differs from the file name {path.stem!r}")
+    return card
+
+
+def load_cards(path: str | Path | None = None) -> dict[str, ModelCard]:
+    """All cards of a folder (default: the project's `model_cards/`), keyed by reference key."""
+    folder = Path(path) if path is not None else CARDS_DIR
+    files = sorted(folder.glob("*.yaml"))
+    if not files:
+        raise CardError(f"no model cards (*.yaml) in {folder}")
+    return {card.key: card for card in map(load_card, files)}
+
+
+def servable_cards(
+    cards: dict[str, ModelCard], gpu_count: int, allow_remote_code: bool
+) -> dict[str, ModelCard]:
+    """The cards that this machine and operator setting can serve."""
+    return {
+        key: card for key, card in cards.items() if card.availability(gpu_count, allow_remote_code).available
+    }

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Builds the CPU test environment in .venv: the CPU build of vLLM and what the tests need.
+# Idempotent: a second run only checks. Used by `make test` and so by CI on a clean clone.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+PY="$VENV/bin/python"
+STAMP="$VENV/.cpu-env-ready"
+
+if [ -f "$STAMP" ] && cmp -s requirements-cpu.txt "$STAMP"; then
+  exit 0
+fi
+
+[ -x "$PY" ] || python3 -m venv "$VENV"
+# pip's find-links set-up prints a warning per missing index folder; keep the rest.
+"$PY" -m pip install --quiet --disable-pip-version-check -r requirements-cpu.txt 2> "$VENV/pip-stderr.log" \
+  || { grep -v "is ignored: it is neither a file nor a directory" "$VENV/pip-stderr.log" >&2; exit 1; }
+
+# PyPI has only CUDA builds of these; on a CPU machine they raise OSError at import,
+# which vLLM and transformers do not catch. vLLM's image and video paths work without them.
+"$PY" -m pip uninstall --quiet --yes torchaudio torchcodec >/dev/null 2>&1 || true
+
+# The CUDA torchvision wheel's compiled ops do not load on CPU, and two unguarded fake-op
+# registrations then make `import torchvision` fail. Guarding them leaves pure-Python
+# torchvision working, which transformers' Qwen2-VL processors need. vLLM spawns its engine
+# processes, so the fix has to live in the installed file, not in a test-time monkeypatch.
+META=$("$PY" -c "import importlib.util as u; print(u.find_spec('torchvision').submodule_search_locations[0])")/_meta_registrations.py
+for op in nms qnms; do
+  sed -i "s|^@torch.library.register_fake(\"torchvision::$op\")\$|@(torch.library.register_fake(\"torchvision::$op\") if torchvision.extension._has_ops() else (lambda fn: fn))|" "$META"
+done
+"$PY" -c "import torchvision, vllm" 
+
+cp requirements-cpu.txt "$STAMP"
+echo "CPU environment ready in $VENV"

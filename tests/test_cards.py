@@ -1,0 +1,188 @@
+"""The catalog: strict cards, honest availability, failures that name the file."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from app.cards import CARDS_DIR, CardError, load_cards, servable_cards
+from app.config import Settings, detect_gpu_count
+
+CARDS = load_cards()
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_load_cards_defaults_to_the_project_folder_and_keys_by_file_name():
+    assert len(CARDS) == 62
+    assert sorted(CARDS) == sorted(p.stem for p in CARDS_DIR.glob("*.yaml"))
+    card = CARDS["qwen2_5_vl"]
+    assert card.hf_repo == "Qwen/Qwen2.5-VL-3B-Instruct"
+    assert card.modalities == ["image", "video"]
+    assert card.engine_args["model"] == card.hf_repo
+    assert card.engine_args["limit_mm_per_prompt"] == {"image": 1, "video": 1}
+
+
+def test_every_card_documents_hardware_and_its_overrides():
+    for key, card in CARDS.items():
+        if card.gpus_needed > 1:
+            assert f"needs {card.gpus_needed} GPUs" in card.hardware, key
+        if card.engine_overrides is not None:
+            assert card.engine_overrides.why.strip(), key
+
+
+# --- broken cards ----------------------------------------------------------------------------
+
+
+def write_catalog(tmp_path: Path, card_key: str = "qwen2_5_vl", **changes: object) -> Path:
+    data = yaml.safe_load((CARDS_DIR / f"{card_key}.yaml").read_text(encoding="utf-8"))
+    for field, value in changes.items():
+        if value is None:
+            data.pop(field, None)
+        else:
+            data[field] = value
+    (tmp_path / f"{card_key}.yaml").write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"colour": "blue"}, "colour: Extra inputs are not permitted"),
+        ({"adapter": None}, "adapter: Field required"),
+        ({"adapter": "guess_from_name"}, "unknown adapter 'guess_from_name'"),
+        ({"key": "qwen2_5"}, "differs from the file name"),
+        ({"modalities": ["image", "audio"]}, "modalities.1"),
+        ({"hf_repo": "someone/else"}, "model must equal hf_repo"),
+        ({"prompt": {"user": "{text}", "image": "<i>", "video": "<v>", "colour": 1}}, "colour"),
+        (
+            {"prompt": {"user": "{text}{question}", "image": "<i>", "video": "<v>"}},
+            "unknown field(s) ['question']",
+        ),
+        ({"prompt": {"user": "{media}{text}", "image": "<i>"}}, "no video placeholder"),
+        ({"engine_overrides": {"args": {"max_model_len": 1}}}, "engine_overrides.why: Field required"),
+        ({"modalities": ["image"]}, "not in modalities"),
+    ],
+)
+def test_a_broken_card_stops_loading_with_its_file_name(tmp_path: Path, changes: dict, message: str):
+    folder = write_catalog(tmp_path, **changes)
+    with pytest.raises(CardError) as error:
+        load_cards(folder)
+    assert "qwen2_5_vl.yaml" in str(error.value)
+    assert message in str(error.value)
+
+
+def test_invalid_yaml_and_empty_folders_are_reported(tmp_path: Path):
+    with pytest.raises(CardError, match="no model cards"):
+        load_cards(tmp_path)
+    (tmp_path / "bad.yaml").write_text("key: [unclosed\n", encoding="utf-8")
+    with pytest.raises(CardError, match=r"bad\.yaml: not valid YAML"):
+        load_cards(tmp_path)
+    (tmp_path / "bad.yaml").write_text("- a list\n", encoding="utf-8")
+    with pytest.raises(CardError, match=r"bad\.yaml: a card must be a mapping"):
+        load_cards(tmp_path)
+
+
+# --- availability ----------------------------------------------------------------------------
+
+
+def test_availability_names_every_reason():
+    llama4 = CARDS["llama4"].availability(gpu_count=1, allow_remote_code=True)
+    assert not llama4.available and "needs 8 GPUs" in llama4.reason
+    assert CARDS["llama4"].availability(gpu_count=8, allow_remote_code=False).available
+
+    internvl = CARDS["internvl_chat"]
+    assert "trust_remote_code" in internvl.availability(1, allow_remote_code=False).reason
+    assert internvl.availability(1, allow_remote_code=True).available
+
+    mllama = CARDS["mllama"].availability(gpu_count=8, allow_remote_code=True)
+    assert not mllama.available and "MllamaForConditionalGeneration" in mllama.reason
+
+    both = CARDS["minimax_vl_01"].availability(gpu_count=1, allow_remote_code=False)
+    assert len(both.reasons) == 3
+
+
+def test_servable_cards_depend_on_the_machine_and_the_operator():
+    one_gpu = servable_cards(CARDS, gpu_count=1, allow_remote_code=False)
+    assert "qwen2_5_vl" in one_gpu and "llama4" not in one_gpu and "internvl_chat" not in one_gpu
+    trusting = servable_cards(CARDS, gpu_count=1, allow_remote_code=True)
+    assert set(one_gpu) < set(trusting) and "internvl_chat" in trusting
+    big = servable_cards(CARDS, gpu_count=8, allow_remote_code=True)
+    assert "llama4" in big and not any(CARDS[k].unsupported_reason for k in big)
+
+
+@pytest.mark.vllm
+def test_unsupported_cards_are_exactly_those_missing_from_the_installed_vllm_registry():
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    supported = set(ModelRegistry.get_supported_archs())
+    for key, card in CARDS.items():
+        overrides = card.engine_args.get("hf_overrides", {}).get("architectures")
+        if overrides:
+            assert overrides == [card.architecture], key
+        assert (card.architecture in supported) == (card.unsupported_reason is None), key
+        if card.unsupported_reason:
+            assert card.architecture in card.unsupported_reason
+
+
+@pytest.mark.vllm
+def test_engine_args_are_arguments_of_the_installed_vllm():
+    from vllm.engine.arg_utils import EngineArgs
+
+    names = {field.name for field in dataclasses.fields(EngineArgs)}
+    for key, card in CARDS.items():
+        assert set(card.engine_args) <= names, (key, set(card.engine_args) - names)
+
+
+# --- settings and the command line -----------------------------------------------------------
+
+
+def test_settings_come_from_the_environment():
+    settings = Settings.from_env(
+        {"APP_ALLOW_REMOTE_CODE": "yes", "APP_GPU_COUNT": "2", "APP_CARDS_DIR": "/x"}
+    )
+    assert settings == Settings(cards_dir=Path("/x"), allow_remote_code=True, gpu_count=2)
+    assert Settings.from_env({"APP_GPU_COUNT": "0"}).allow_remote_code is False
+    two = ["/dev/nvidia0", "/dev/nvidia1"]
+    assert detect_gpu_count({}, two) == 2
+    assert detect_gpu_count({"CUDA_VISIBLE_DEVICES": "1"}, two) == 1
+    assert detect_gpu_count({"CUDA_VISIBLE_DEVICES": "-1"}, two) == 0
+    assert detect_gpu_count({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, two) == 2
+
+
+def run_app(*args: str, **env: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "APP_GPU_COUNT": "1", **env}
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_command_line_lists_the_catalog_with_availability():
+    result = run_app()
+    assert result.returncode == 0, result.stderr
+    assert "62 model cards" in result.stdout
+    assert "qwen2_5_vl" in result.stdout and "needs 8 GPUs" in result.stdout
+    available = run_app("--available")
+    assert "llama4" not in available.stdout and "qwen2_5_vl" in available.stdout
+
+
+def test_command_line_stops_on_a_broken_card_naming_it(tmp_path: Path):
+    shutil.copy(CARDS_DIR / "llava.yaml", tmp_path / "llava.yaml")
+    (tmp_path / "llava.yaml").write_text(
+        (tmp_path / "llava.yaml").read_text(encoding="utf-8") + "surprise: 1\n", encoding="utf-8"
+    )
+    result = run_app(APP_CARDS_DIR=str(tmp_path))
+    assert result.returncode == 2
+    assert "llava.yaml" in result.stderr and "surprise" in result.stderr
+    assert "Traceback" not in result.stderr
