@@ -422,6 +422,9 @@ def stop_token_ids(card: ModelCard, tokenizer: ChatTemplateOwner | None) -> list
             token_id = tokenizer.convert_tokens_to_ids(token)
             if token_id is not None:
                 ids.append(token_id)
-        if card.stop_on_eos_token:
-            ids.append(tokenizer.eos_token_id)  # type: ignore[attr-defined]
+        # vLLM stops at the end-of-sequence token anyway; the id is listed where the tokenizer
+        # has one, as the reference does, and a tokenizer without it loses nothing.
+        eos_token_id = getattr(tokenizer, "eos_token_id", None)
+        if card.stop_on_eos_token and eos_token_id is not None:
+            ids.append(eos_token_id)
     return ids

@@ -337,3 +337,20 @@ def test_chat_template_cards_need_the_tokenizer():
 
 def test_literal_stop_ids_need_no_tokenizer():
     assert stop_token_ids(CARDS["glm4v"], None) == [151329, 151336, 151338]
+
+
+class MinimalTokenizer:
+    """Only what the public surface promises: the chat template and token-to-id lookups."""
+
+    def apply_chat_template(self, messages, tokenize=True, add_generation_prompt=False):
+        return StubTokenizer.render(messages)
+
+    def convert_tokens_to_ids(self, token):
+        return {"<|im_end|>": 7}.get(token)
+
+
+@pytest.mark.parametrize("key", sorted(k for k, c in CARDS.items() if c.adapter == "chat_template"))
+def test_chat_template_cards_work_with_a_minimal_tokenizer(key: str):
+    card = CARDS[key]
+    rendered = render(card, [user("Hi", (card.modalities[0], "m"))], MinimalTokenizer())
+    assert rendered.prompt.startswith("TEMPLATE") and all(isinstance(i, int) for i in rendered.stop_token_ids)
