@@ -111,10 +111,7 @@ class ModelCard(StrictModel):
 
     @property
     def media_limits(self) -> dict[str, int]:
-        args = dict(self.reference_engine_args)
-        if self.engine_overrides is not None:
-            args.update(self.engine_overrides.args)
-        return dict(args.get("limit_mm_per_prompt", {}))
+        return dict(self.engine_args.get("limit_mm_per_prompt", {}))
 
     @property
     def gpus_needed(self) -> int:
@@ -128,10 +125,6 @@ class ModelCard(StrictModel):
     @property
     def multi_turn(self) -> bool:
         return bool(getattr(self.prompt_spec, "multi_turn", True))
-
-    @property
-    def has_system_prompt(self) -> bool:
-        return self.adapter == "chat_template" or getattr(self.prompt_spec, "system", None) is not None
 
     def availability(self, gpu_count: int, allow_remote_code: bool) -> Availability:
         """Whether this machine and the operator's settings can serve the model, and why not."""
