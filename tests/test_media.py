@@ -1,0 +1,201 @@
+"""The media pipeline on real files written by the tests: good ones load right, bad ones are
+refused with a message a user can act on, never a traceback or a path."""
+
+from __future__ import annotations
+
+import io
+import re
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from app.media import HASH_KEY, ImageLimits, MediaError, load_image
+
+
+def save(image: Image.Image, path: Path, **params) -> Path:
+    image.save(path, **params)
+    return path
+
+
+def gradient(width: int, height: int) -> Image.Image:
+    x = np.linspace(0, 255, width, dtype=np.uint8)[None, :].repeat(height, 0)
+    y = np.linspace(0, 255, height, dtype=np.uint8)[:, None].repeat(width, 1)
+    return Image.fromarray(np.stack([x, y, 255 - x], axis=-1))
+
+
+def png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def assert_clean_refusal(error: pytest.ExceptionInfo, path: Path) -> None:
+    message = str(error.value)
+    assert message and str(path) not in message and path.name not in message
+    assert "Traceback" not in message and not re.search(r"0x[0-9a-f]{6,}", message)
+
+
+# --- good images ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP", "GIF", "BMP"])
+def test_allowed_formats_load_as_rgb(tmp_path: Path, fmt: str):
+    path = save(gradient(64, 48), tmp_path / f"pic.{fmt.lower()}", format=fmt)
+    image = load_image(path)
+    assert image.mode == "RGB" and image.size == (64, 48)
+
+
+def test_exif_orientation_is_applied(tmp_path: Path):
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored landscape, shown rotated 90 degrees clockwise
+    path = save(gradient(40, 20), tmp_path / "rotated.jpg", exif=exif.tobytes())
+    assert load_image(path).size == (20, 40)
+
+
+def test_broken_exif_orientation_leaves_the_image_as_stored(tmp_path: Path):
+    exif = Image.Exif()
+    exif[0x0112] = 42  # not an orientation
+    path = save(gradient(40, 20), tmp_path / "odd.jpg", exif=exif.tobytes())
+    assert load_image(path).size == (40, 20)
+    garbage = tmp_path / "garbage-exif.jpg"
+    data = (tmp_path / "odd.jpg").read_bytes()
+    garbage.write_bytes(data.replace(b"Exif\x00\x00", b"Exif\x00\x00\xff\xff\xff\xff", 1))
+    assert load_image(garbage).size == (40, 20)
+
+
+def test_cmyk_sixteen_bit_palette_and_transparency_become_rgb(tmp_path: Path):
+    cmyk = load_image(save(Image.new("CMYK", (8, 8), (0, 255, 255, 0)), tmp_path / "cmyk.jpg"))
+    assert cmyk.mode == "RGB" and cmyk.getpixel((4, 4))[0] > 200 and cmyk.getpixel((4, 4))[1] < 60
+
+    deep = Image.fromarray(np.full((8, 8), 65535 // 2, dtype=np.uint16))
+    sixteen = load_image(save(deep, tmp_path / "deep.png"))
+    assert sixteen.mode == "RGB" and 120 <= sixteen.getpixel((0, 0))[0] <= 135
+
+    palette = gradient(16, 16).convert("P", palette=Image.Palette.ADAPTIVE, colors=8)
+    assert load_image(save(palette, tmp_path / "palette.png")).mode == "RGB"
+
+    clear = Image.new("RGBA", (8, 8), (255, 0, 0, 0))
+    clear.putpixel((0, 0), (255, 0, 0, 255))
+    rgba = load_image(save(clear, tmp_path / "rgba.png"))
+    assert rgba.getpixel((0, 0)) == (255, 0, 0) and rgba.getpixel((5, 5)) == (255, 255, 255)
+
+
+def test_animated_gif_gives_its_first_frame(tmp_path: Path):
+    frames = [Image.new("RGB", (16, 16), (i * 2, 0, 0)) for i in range(120)]
+    frames[0] = Image.new("RGB", (16, 16), (0, 200, 0))
+    path = tmp_path / "anim.gif"
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=20, loop=0)
+    image = load_image(path)
+    red, green, _ = image.getpixel((8, 8))
+    assert image.size == (16, 16) and green > 150 and red < 50
+
+
+@pytest.mark.parametrize("size", [(1, 1), (1, 4000), (4000, 1)])
+def test_extreme_shapes_load_with_their_shape(tmp_path: Path, size: tuple[int, int]):
+    image = load_image(save(Image.new("RGB", size, "white"), tmp_path / "thin.png"))
+    expected = tuple(max(1, round(side * min(1, 2048 / max(size)))) for side in size)
+    assert image.size == expected
+
+
+def test_large_images_are_downscaled_to_the_cap(tmp_path: Path):
+    path = save(gradient(3000, 1000), tmp_path / "wide.jpg", quality=90)
+    assert load_image(path).size == (2048, 683)
+    assert load_image(path, ImageLimits(max_side=300)).size == (300, 100)
+
+
+def test_content_hash_identifies_the_pixels(tmp_path: Path):
+    a = load_image(save(gradient(32, 32), tmp_path / "a.png"))
+    again = load_image(save(gradient(32, 32), tmp_path / "same-pixels.bmp", format="BMP"))
+    other = gradient(32, 32)
+    other.putpixel((0, 0), (1, 2, 3))
+    b = load_image(save(other, tmp_path / "b.png"))
+    assert a.info[HASH_KEY] == again.info[HASH_KEY] != b.info[HASH_KEY]
+    assert re.fullmatch(r"[0-9a-f]{64}", a.info[HASH_KEY])
+
+
+# --- refusals --------------------------------------------------------------------------------
+
+SVG = b'<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"><rect width="10" height="10"/></svg>'
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("empty.jpg", b"", "empty"),
+        ("notes.jpg", b"just some text, honestly\n" * 10, "not an image"),
+        ("page.jpg", b"<!doctype html><html><body>hi</body></html>", "not an image"),
+        ("drawing.jpg", SVG, "not an image"),
+    ],
+)
+def test_non_images_are_refused(tmp_path: Path, name: str, content: bytes, message: str):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(MediaError, match=message) as error:
+        load_image(path)
+    assert_clean_refusal(error, path)
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+def test_truncated_images_are_refused(tmp_path: Path, fmt: str):
+    buffer = io.BytesIO()
+    gradient(256, 256).save(buffer, format=fmt)
+    path = tmp_path / f"cut.{fmt.lower()}"
+    path.write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+    with pytest.raises(MediaError, match="damaged or incomplete") as error:
+        load_image(path)
+    assert_clean_refusal(error, path)
+
+
+def test_a_small_png_declaring_fifty_thousand_squared_pixels_is_refused_unread(tmp_path: Path):
+    header = struct.pack(">IIBBBBB", 50_000, 50_000, 8, 2, 0, 0, 0)
+    row_data = zlib.compress(b"\x00" * 1000)
+    path = tmp_path / "bomb.png"
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + png_chunk(b"IHDR", header)
+        + png_chunk(b"IDAT", row_data)
+        + png_chunk(b"IEND", b"")
+    )
+    assert path.stat().st_size < 2000
+    with pytest.raises(MediaError, match=r"2500 megapixels.*limit is 40 megapixels") as error:
+        load_image(path)
+    assert_clean_refusal(error, path)
+
+
+def test_an_image_just_over_the_pixel_cap_is_refused(tmp_path: Path):
+    limits = ImageLimits(max_pixels=10_000)
+    assert load_image(save(gradient(100, 100), tmp_path / "at.png"), limits).size == (100, 100)
+    with pytest.raises(MediaError, match="101 x 100 pixels"):
+        load_image(save(gradient(101, 100), tmp_path / "over.png"), limits)
+
+
+def test_files_over_the_size_limit_are_refused_before_opening(tmp_path: Path):
+    path = save(gradient(200, 200), tmp_path / "big.bmp", format="BMP")
+    with pytest.raises(MediaError, match="the limit is 0 MB"):
+        load_image(path, ImageLimits(max_bytes=1000))
+
+
+def psd_bytes(width: int, height: int) -> bytes:
+    header = b"8BPS" + struct.pack(">H6xHIIHH", 1, 3, height, width, 8, 3)
+    sections = struct.pack(">III", 0, 0, 0)
+    return header + sections + struct.pack(">H", 0) + b"\x80" * (3 * width * height)
+
+
+def test_tiff_and_psd_are_refused(tmp_path: Path):
+    tiff = save(gradient(16, 16), tmp_path / "scan.tiff", format="TIFF")
+    psd = tmp_path / "layers.psd"
+    psd.write_bytes(psd_bytes(16, 16))
+    assert Image.open(psd).format == "PSD"  # a real PSD that Pillow could read
+    for path in (tiff, psd):
+        with pytest.raises(MediaError, match="JPEG, PNG, WebP, GIF or BMP") as error:
+            load_image(path)
+        assert_clean_refusal(error, path)
+
+
+def test_a_missing_file_is_refused_without_its_path(tmp_path: Path):
+    path = tmp_path / "gone.png"
+    with pytest.raises(MediaError, match="could not be read") as error:
+        load_image(path)
+    assert_clean_refusal(error, path)
