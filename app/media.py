@@ -9,11 +9,20 @@ memory address.
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import os
 import re
+import resource
+import signal
+import threading
+import time
 import warnings
 from dataclasses import dataclass
+from functools import cache
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -140,3 +149,282 @@ def content_hash(image: Image.Image) -> str:
     digest = hashlib.sha256(f"{image.mode}:{image.size}:".encode())
     digest.update(image.tobytes())
     return digest.hexdigest()
+
+
+# --- video ---------------------------------------------------------------------------------
+# decord (unmaintained since 2021) and PyAV are known to segfault or hang on corrupt files, so
+# every decode runs in a worker process that can die or be killed without taking the app down.
+
+VIDEO_SIGNATURES = (b"ftyp", b"\x1a\x45\xdf\xa3", b"RIFF", b"moov", b"mdat", b"free", b"wide")
+
+
+@dataclass(frozen=True)
+class VideoLimits:
+    max_bytes: int = 500 * 1024 * 1024
+    max_duration_s: float = 600.0
+    max_side: int = 3840
+    default_frames: int = 16
+    max_frames: int = 64
+    timeout_s: float = 30.0
+    worker_memory_bytes: int = 6 * 1024**3
+
+
+class VideoClip(NamedTuple):
+    frames: np.ndarray  # (T, H, W, 3) uint8
+    metadata: dict[str, Any]  # fps, duration, total_num_frames, frames_indices, video_backend, ...
+    timestamps: list[float]  # seconds into the video of each sampled frame
+
+
+def describe_duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.0f} h" if seconds % 3600 < 60 else f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
+
+
+class VideoDecoder:
+    """A persistent decoding worker; a worker that crashes or hangs is replaced."""
+
+    def __init__(self, limits: VideoLimits | None = None) -> None:
+        self.limits = limits or VideoLimits()
+        self._lock = threading.Lock()
+        self._process: BaseProcess | None = None
+        self._conn: Connection | None = None
+
+    @property
+    def worker_pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def decode(
+        self,
+        path: str | Path,
+        num_frames: int | None = None,
+        fps: float | None = None,
+        *,
+        fault: str | None = None,
+    ) -> VideoClip:
+        """`fault` is a test hook ("crash", "hang", "decord_fails") for faults that real files
+        cause unpredictably."""
+        size = _file_size(path)
+        if size > self.limits.max_bytes:
+            raise MediaError(
+                f"This video file is {size / 2**20:.0f} MB; "
+                f"the limit is {self.limits.max_bytes / 2**20:.0f} MB."
+            )
+        request = {
+            "path": str(path),
+            "num_frames": num_frames,
+            "fps": fps,
+            "limits": self.limits,
+            "fault": fault,
+        }
+        with self._lock:
+            conn = self._ensure_worker()
+            conn.send(request)
+            if not conn.poll(self.limits.timeout_s):
+                self._stop_worker()
+                raise MediaError(
+                    f"Decoding this video took over {self.limits.timeout_s:.0f} s and was stopped; "
+                    "try a shorter or smaller clip."
+                )
+            try:
+                status, payload = conn.recv()
+            except (EOFError, OSError):
+                self._stop_worker()
+                raise MediaError(
+                    "The video decoder failed on this file; it may be damaged. Try another file."
+                ) from None
+        if status != "ok":
+            raise MediaError(payload)
+        return payload
+
+    def _ensure_worker(self) -> Connection:
+        if self._process is None or not self._process.is_alive() or self._conn is None:
+            self._stop_worker()
+            context = multiprocessing.get_context("spawn")
+            parent, child = context.Pipe()
+            self._process = context.Process(
+                target=_worker_main, args=(child, self.limits.worker_memory_bytes), daemon=True
+            )
+            self._process.start()
+            child.close()
+            self._conn = parent
+        return self._conn
+
+    def _stop_worker(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        if self._process is not None:
+            self._process.kill()
+            self._process.join(timeout=5)
+        self._process, self._conn = None, None
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop_worker()
+
+
+@cache
+def default_video_decoder() -> VideoDecoder:
+    return VideoDecoder()
+
+
+def load_video(path: str | Path, num_frames: int | None = None, fps: float | None = None) -> VideoClip:
+    """Frames `(T, H, W, 3)` uint8, metadata and timestamps, decoded in the isolated worker.
+
+    `num_frames` samples uniformly (default 16); `fps` samples at a target rate instead. Both
+    are capped at the limits' `max_frames`.
+    """
+    return default_video_decoder().decode(path, num_frames=num_frames, fps=fps)
+
+
+# --- in the worker process -----------------------------------------------------------------
+
+
+def _worker_main(conn: Connection, memory_bytes: int) -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            conn.send(("ok", _decode(**request)))
+        except MediaError as error:
+            conn.send(("refused", str(error)))
+        except MemoryError:
+            conn.send(("refused", "This video needs more memory to decode than the app allows."))
+        except Exception:  # a decoder error on a hostile file must never reach the user raw
+            conn.send(("refused", "This video could not be decoded; it may be damaged."))
+
+
+def _decode(
+    path: str, num_frames: int | None, fps: float | None, limits: VideoLimits, fault: str | None
+) -> VideoClip:
+    if fault == "crash":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault == "hang":
+        time.sleep(3600)
+    probe = _probe(path)
+    _check_video_limits(probe, limits)
+    try:
+        if fault == "decord_fails":
+            raise RuntimeError("decord refused the file (test hook)")
+        frames, indices, timestamps, total, native_fps = _sample_decord(path, num_frames, fps, limits)
+        backend = "decord"
+    except MediaError:
+        raise
+    except Exception:
+        frames, indices, timestamps, total, native_fps = _sample_opencv(path, num_frames, fps, limits)
+        backend = "opencv"
+    metadata = {
+        "fps": native_fps,
+        "duration": total / native_fps,
+        "total_num_frames": total,
+        "frames_indices": indices,
+        "video_backend": backend,
+        "width": probe["width"],
+        "height": probe["height"],
+        "codec": probe["codec"],
+    }
+    return VideoClip(frames, metadata, timestamps)
+
+
+def _probe(path: str) -> dict[str, Any]:
+    import av
+
+    try:
+        with av.open(path) as container:
+            if not container.streams.video:
+                raise MediaError("This file has no video track (is it audio only?); send a video.")
+            stream = container.streams.video[0]
+            if stream.duration is not None:
+                duration = float(stream.duration * stream.time_base)
+            else:
+                duration = (container.duration or 0) / 1e6
+            return {
+                "codec": stream.codec_context.name,
+                "width": stream.codec_context.width,
+                "height": stream.codec_context.height,
+                "duration": duration,
+            }
+    except MediaError:
+        raise
+    except Exception:
+        with open(path, "rb") as file:
+            head = file.read(16)
+        if any(signature in head for signature in VIDEO_SIGNATURES):
+            raise MediaError("This video file is damaged or incomplete: it could not be opened.") from None
+        raise MediaError(
+            "This file is not a video the app can read: send an MP4, WebM, MOV or MKV."
+        ) from None
+
+
+def _check_video_limits(probe: dict[str, Any], limits: VideoLimits) -> None:
+    if probe["duration"] > limits.max_duration_s:
+        raise MediaError(
+            f"This video is {describe_duration(probe['duration'])} long; "
+            f"the limit is {describe_duration(limits.max_duration_s)}."
+        )
+    if max(probe["width"], probe["height"]) > limits.max_side:
+        raise MediaError(
+            f"This video is {probe['width']} x {probe['height']} pixels; "
+            f"the limit is {limits.max_side} pixels on the longest side."
+        )
+
+
+def frame_indices(
+    total: int, native_fps: float, num_frames: int | None, fps: float | None, limits: VideoLimits
+) -> list[int]:
+    """Uniformly spread indices, or indices at a target rate (uniform again if capped)."""
+    if total < 1:
+        raise MediaError("This video has no frames.")
+    if fps is not None and fps > 0:
+        count = max(1, int(total / native_fps * fps))
+        if count <= limits.max_frames:
+            times = (np.arange(count) + 0.5) / fps
+            return sorted({min(total - 1, int(t * native_fps)) for t in times})
+        num_frames = limits.max_frames
+    count = min(num_frames or limits.default_frames, limits.max_frames, total)
+    return sorted({round(float(i)) for i in np.linspace(0, total - 1, count)})
+
+
+def _sample_decord(
+    path: str, num_frames: int | None, fps: float | None, limits: VideoLimits
+) -> tuple[np.ndarray, list[int], list[float], int, float]:
+    import decord
+
+    reader = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=1)
+    total, native_fps = len(reader), float(reader.get_avg_fps())
+    indices = frame_indices(total, native_fps, num_frames, fps, limits)
+    frames = reader.get_batch(indices).asnumpy()
+    timestamps = [float(reader.get_frame_timestamp(i)[0]) for i in indices]
+    return frames, indices, timestamps, total, native_fps
+
+
+def _sample_opencv(
+    path: str, num_frames: int | None, fps: float | None, limits: VideoLimits
+) -> tuple[np.ndarray, list[int], list[float], int, float]:
+    import cv2
+
+    capture = cv2.VideoCapture(path)
+    try:
+        if not capture.isOpened():
+            raise MediaError("This video could not be decoded; it may be damaged.")
+        native_fps = float(capture.get(cv2.CAP_PROP_FPS)) or 25.0
+        total = int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
+        indices = frame_indices(total, native_fps, num_frames, fps, limits)
+        wanted, frames, timestamps = set(indices), [], []
+        for index in range(indices[-1] + 1):
+            ok, frame = capture.read()
+            if not ok:
+                break
+            if index in wanted:
+                frames.append(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB))
+                timestamps.append(float(capture.get(cv2.CAP_PROP_POS_MSEC)) / 1000)
+    finally:
+        capture.release()
+    if not frames:
+        raise MediaError("This video could not be decoded; it may be damaged.")
+    return np.stack(frames), indices[: len(frames)], timestamps, total, native_fps

@@ -4,6 +4,7 @@ refused with a message a user can act on, never a traceback or a path."""
 from __future__ import annotations
 
 import io
+import os
 import re
 import struct
 import zlib
@@ -199,3 +200,194 @@ def test_a_missing_file_is_refused_without_its_path(tmp_path: Path):
     with pytest.raises(MediaError, match="could not be read") as error:
         load_image(path)
     assert_clean_refusal(error, path)
+
+
+# --- video -----------------------------------------------------------------------------------
+
+import av  # noqa: E402 - the video half of the tests
+
+from app.media import VideoDecoder, VideoLimits, frame_indices, load_video  # noqa: E402
+
+
+def write_video(
+    path: Path,
+    seconds: float = 2.0,
+    fps: int = 10,
+    size: tuple[int, int] = (64, 48),
+    pts_ms: list[int] | None = None,
+) -> Path:
+    """An H.264 clip whose frame i is flat grey at level 10 * i, so sampled frames identify
+    themselves. With `pts_ms`, frames get those timestamps (a variable frame rate)."""
+    from fractions import Fraction
+
+    count = len(pts_ms) if pts_ms else round(seconds * fps)
+    with av.open(str(path), mode="w") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height = size
+        stream.pix_fmt = "yuv420p"
+        stream.options = {"crf": "1", "g": "1"}
+        if pts_ms:
+            stream.codec_context.time_base = Fraction(1, 1000)
+        for i in range(count):
+            level = (10 * i) % 250
+            frame = av.VideoFrame.from_ndarray(
+                np.full((size[1], size[0], 3), level, np.uint8), format="rgb24"
+            )
+            if pts_ms:
+                frame.pts, frame.time_base = pts_ms[i], Fraction(1, 1000)
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+def write_audio_only(path: Path) -> Path:
+    with av.open(str(path), mode="w") as container:
+        stream = container.add_stream("aac", rate=16000)
+        samples = np.zeros((1, 1024), np.float32)
+        for i in range(20):
+            frame = av.AudioFrame.from_ndarray(samples, format="fltp", layout="mono")
+            frame.sample_rate, frame.pts = 16000, i * 1024
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    worker = VideoDecoder(VideoLimits(timeout_s=20))
+    yield worker
+    worker.close()
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory) -> Path:
+    return write_video(tmp_path_factory.mktemp("video") / "clip.mp4")
+
+
+def frame_levels(frames: np.ndarray) -> list[int]:
+    return [round(float(f.mean()) / 10) for f in frames]
+
+
+def test_uniform_sampling_gives_the_asked_frames_with_metadata(decoder, clip):
+    frames, metadata, timestamps = decoder.decode(clip, num_frames=5)
+    assert frames.shape == (5, 48, 64, 3) and frames.dtype == np.uint8
+    assert metadata["total_num_frames"] == 20 and metadata["fps"] == pytest.approx(10)
+    assert metadata["duration"] == pytest.approx(2.0)
+    assert metadata["frames_indices"] == [0, 5, 10, 14, 19]
+    assert frame_levels(frames) == metadata["frames_indices"]
+    assert metadata["video_backend"] == "decord" and metadata["codec"] == "h264"
+    assert timestamps == pytest.approx([i / 10 for i in metadata["frames_indices"]], abs=0.01)
+
+
+def test_sampling_at_a_target_rate(decoder, clip):
+    frames, metadata, timestamps = decoder.decode(clip, fps=2)
+    assert metadata["frames_indices"] == [2, 7, 12, 17]
+    assert timestamps == pytest.approx([0.2, 0.7, 1.2, 1.7], abs=0.01)
+    assert frame_levels(frames) == [2, 7, 12, 17]
+
+
+def test_frame_counts_are_capped():
+    limits = VideoLimits(max_frames=8)
+    assert len(frame_indices(1000, 30, 100, None, limits)) == 8
+    assert len(frame_indices(1000, 30, None, 30, limits)) == 8  # 33 s at 30 fps, capped: uniform
+    assert frame_indices(1, 30, 16, None, limits) == [0]
+
+
+def test_load_video_is_the_public_entry_point(clip):
+    frames, metadata, timestamps = load_video(clip, num_frames=3)
+    assert frames.shape[0] == 3 == len(timestamps) == len(metadata["frames_indices"])
+
+
+def test_single_frame_video(decoder, tmp_path):
+    frames, metadata, _ = decoder.decode(write_video(tmp_path / "one.mp4", seconds=0.1), num_frames=16)
+    assert frames.shape == (1, 48, 64, 3) and metadata["total_num_frames"] == 1
+
+
+def test_variable_frame_rate_keeps_the_real_timestamps(decoder, tmp_path):
+    pts = [0, 40, 80, 480, 520, 1200, 1240, 1280]
+    frames, metadata, timestamps = decoder.decode(write_video(tmp_path / "vfr.mp4", pts_ms=pts), num_frames=8)
+    assert metadata["frames_indices"] == list(range(8)) and frame_levels(frames) == list(range(8))
+    assert timestamps == pytest.approx([p / 1000 for p in pts], abs=0.002)
+
+
+def test_opencv_takes_over_when_decord_cannot_open_a_file(decoder, clip):
+    frames, metadata, _ = decoder.decode(clip, num_frames=5, fault="decord_fails")
+    assert metadata["video_backend"] == "opencv"
+    assert frames.shape == (5, 48, 64, 3) and frame_levels(frames) == [0, 5, 10, 14, 19]
+
+
+def strip_box(data: bytes, box: bytes) -> bytes:
+    """The MP4 without one top-level box (its index, `moov`)."""
+    offset = 0
+    while offset < len(data):
+        size = struct.unpack(">I", data[offset : offset + 4])[0]
+        if data[offset + 4 : offset + 8] == box:
+            return data[:offset] + data[offset + size :]
+        offset += size
+    raise AssertionError(f"no {box!r} box")
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p, clip: p.write_bytes(b""), "empty"),
+        (lambda p, clip: p.write_bytes(b"plain text, not a video\n" * 20), "not a video"),
+        (lambda p, clip: p.write_bytes(b"<!doctype html><html><body>video</body></html>"), "not a video"),
+        (lambda p, clip: p.write_bytes(SVG), "not a video"),
+        (
+            lambda p, clip: p.write_bytes(clip.read_bytes()[: clip.stat().st_size // 2]),
+            "damaged or incomplete",
+        ),
+        (lambda p, clip: p.write_bytes(strip_box(clip.read_bytes(), b"moov")), "damaged or incomplete"),
+        (lambda p, clip: write_audio_only(p), "no video track"),
+    ],
+    ids=["zero-bytes", "text", "html", "svg", "truncated", "no-index", "audio-only"],
+)
+def test_bad_video_files_are_refused_clearly(decoder, clip, tmp_path, make, message):
+    path = tmp_path / "upload.mp4"
+    make(path, clip)
+    with pytest.raises(MediaError, match=message) as error:
+        decoder.decode(path)
+    assert_clean_refusal(error, path)
+    assert decoder.decode(clip, num_frames=2).frames.shape[0] == 2  # the worker still serves
+
+
+def test_videos_over_the_limits_are_refused_with_the_numbers(clip):
+    short = VideoDecoder(VideoLimits(max_duration_s=1))
+    small = VideoDecoder(VideoLimits(max_side=32))
+    try:
+        with pytest.raises(MediaError, match="This video is 2 s long; the limit is 1 s"):
+            short.decode(clip)
+        with pytest.raises(MediaError, match="64 x 48 pixels; the limit is 32 pixels"):
+            small.decode(clip)
+    finally:
+        short.close()
+        small.close()
+
+
+def test_a_crashing_worker_is_replaced_and_the_next_decode_works(decoder, clip):
+    decoder.decode(clip, num_frames=1)
+    before = decoder.worker_pid
+    with pytest.raises(MediaError, match="decoder failed on this file") as error:
+        decoder.decode(clip, fault="crash")
+    assert_clean_refusal(error, clip)
+    frames, _, _ = decoder.decode(clip, num_frames=2)
+    assert frames.shape[0] == 2 and decoder.worker_pid not in (None, before)
+
+
+def test_a_hanging_worker_is_killed_and_replaced(clip):
+    decoder = VideoDecoder(VideoLimits(timeout_s=2))
+    try:
+        decoder.decode(clip, num_frames=1)
+        hung = decoder.worker_pid
+        with pytest.raises(MediaError, match="took over 2 s and was stopped"):
+            decoder.decode(clip, fault="hang")
+        with pytest.raises(ProcessLookupError):
+            os.kill(hung, 0)
+        assert decoder.decode(clip, num_frames=2).frames.shape[0] == 2
+    finally:
+        decoder.close()
