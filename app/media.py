@@ -47,11 +47,7 @@ class ImageLimits:
 def load_image(path: str | Path, limits: ImageLimits | None = None) -> Image.Image:
     """An RGB image ready for a model, with its content hash in `image.info["content_hash"]`."""
     limits = limits or ImageLimits()
-    size = _file_size(path)
-    if size > limits.max_bytes:
-        raise MediaError(
-            f"This image file is {size / 2**20:.0f} MB; the limit is {limits.max_bytes / 2**20:.0f} MB."
-        )
+    _check_file_size(path, limits.max_bytes, "image")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -82,14 +78,18 @@ def load_image(path: str | Path, limits: ImageLimits | None = None) -> Image.Ima
     return image
 
 
-def _file_size(path: str | Path) -> int:
+def _check_file_size(path: str | Path, max_bytes: int, kind: str) -> None:
+    """Refuses missing, empty and oversized files before any decoder sees them."""
     try:
         size = os.path.getsize(path)
     except OSError:
         raise MediaError("The uploaded file could not be read.") from None
     if size == 0:
         raise MediaError("The uploaded file is empty.")
-    return size
+    if size > max_bytes:
+        raise MediaError(
+            f"This {kind} file is {size / 2**20:.0f} MB; the limit is {max_bytes / 2**20:.0f} MB."
+        )
 
 
 def _check_pixels(size: tuple[int, int], limits: ImageLimits) -> None:
@@ -206,12 +206,7 @@ class VideoDecoder:
     ) -> VideoClip:
         """`fault` is a test hook ("crash", "hang", "decord_fails") for faults that real files
         cause unpredictably."""
-        size = _file_size(path)
-        if size > self.limits.max_bytes:
-            raise MediaError(
-                f"This video file is {size / 2**20:.0f} MB; "
-                f"the limit is {self.limits.max_bytes / 2**20:.0f} MB."
-            )
+        _check_file_size(path, self.limits.max_bytes, "video")
         request = {
             "path": str(path),
             "num_frames": num_frames,

@@ -359,6 +359,8 @@ def test_bad_video_files_are_refused_clearly(decoder, clip, tmp_path, make, mess
 def test_videos_over_the_limits_are_refused_with_the_numbers(clip):
     short = VideoDecoder(VideoLimits(max_duration_s=1))
     small = VideoDecoder(VideoLimits(max_side=32))
+    with pytest.raises(MediaError, match="This video file is 0 MB; the limit is 0 MB"):
+        VideoDecoder(VideoLimits(max_bytes=100)).decode(clip)  # refused before any worker starts
     try:
         with pytest.raises(MediaError, match="This video is 2 s long; the limit is 1 s"):
             short.decode(clip)
