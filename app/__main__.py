@@ -10,13 +10,15 @@ import argparse
 import sys
 
 from app.cards import CardError, ModelCard, load_cards
-from app.config import Settings
+from app.config import Settings, SettingsError
 
 
 def catalog_rows(cards: dict[str, ModelCard], settings: Settings) -> list[tuple[str, ...]]:
     rows = []
     for card in sorted(cards.values(), key=lambda c: (c.family, c.display_name)):
-        availability = card.availability(settings.gpu_count, settings.allow_remote_code)
+        availability = card.availability(
+            settings.gpu_count, settings.allow_remote_code, card.key in settings.remote_engines
+        )
         media = ", ".join(card.modalities) + (" (several images)" if card.multi_image else "")
         status = "yes" if availability.available else f"no: {availability.reason}"
         rows.append((card.key, card.display_name, card.hf_repo, media, status))
@@ -27,10 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m app", description=__doc__)
     parser.add_argument("--available", action="store_true", help="list only servable models")
     args = parser.parse_args(argv)
-    settings = Settings.from_env()
     try:
+        settings = Settings.from_env()
         cards = load_cards(settings.cards_dir)
-    except CardError as error:
+    except (CardError, SettingsError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     rows = catalog_rows(cards, settings)

@@ -8,6 +8,7 @@ name in the message, so a broken catalog fails at start-up rather than mid-chat.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -78,6 +79,8 @@ class ModelCard(StrictModel):
     prompt: dict[str, Any]
     hardware: str
     notes: str = ""
+    # An OpenAI-compatible vLLM server (`.../v1`) that serves this model instead of this process.
+    remote_url: str | None = None
     unsupported_reason: str | None = None
 
     _prompt_spec: Spec = PrivateAttr()
@@ -126,11 +129,16 @@ class ModelCard(StrictModel):
     def multi_turn(self) -> bool:
         return bool(getattr(self.prompt_spec, "multi_turn", True))
 
-    def availability(self, gpu_count: int, allow_remote_code: bool) -> Availability:
-        """Whether this machine and the operator's settings can serve the model, and why not."""
+    def availability(self, gpu_count: int, allow_remote_code: bool, remote: bool = False) -> Availability:
+        """Whether this machine and the operator's settings can serve the model, and why not.
+
+        A model served by a remote server (`remote_url`, or `remote=True` from the settings)
+        needs neither local GPUs nor local permission for remote code: that server decides."""
         reasons = []
         if self.unsupported_reason:
             reasons.append(self.unsupported_reason)
+        if remote or self.remote_url:
+            return Availability(not reasons, tuple(reasons))
         if self.gpus_needed > gpu_count:
             reasons.append(
                 f"needs {self.gpus_needed} GPUs (tensor_parallel_size); this machine has {gpu_count}"
@@ -172,9 +180,12 @@ def load_cards(path: str | Path | None = None) -> dict[str, ModelCard]:
 
 
 def servable_cards(
-    cards: dict[str, ModelCard], gpu_count: int, allow_remote_code: bool
+    cards: dict[str, ModelCard], gpu_count: int, allow_remote_code: bool, remote_keys: Iterable[str] = ()
 ) -> dict[str, ModelCard]:
-    """The cards that this machine and operator setting can serve."""
+    """The cards that this machine and operator setting can serve (here or on a remote server)."""
+    remote = set(remote_keys)
     return {
-        key: card for key, card in cards.items() if card.availability(gpu_count, allow_remote_code).available
+        key: card
+        for key, card in cards.items()
+        if card.availability(gpu_count, allow_remote_code, key in remote).available
     }

@@ -1,14 +1,25 @@
-"""Settings, read once from the environment (`APP_*`) and passed down."""
+"""Settings, read once from the environment (`APP_*`) and passed down.
+
+The app's command line overrides the same fields (`Settings.with_overrides`); nothing else in
+the app reads the environment for its own settings.
+"""
 
 from __future__ import annotations
 
 import glob
 import os
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 TRUE = {"1", "true", "yes", "on"}
+UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+class SettingsError(ValueError):
+    """A setting the operator wrote that cannot be used; the message names the variable."""
 
 
 def detect_gpu_count(env: Mapping[str, str], devices: Sequence[str] | None = None) -> int:
@@ -24,18 +35,107 @@ def detect_gpu_count(env: Mapping[str, str], devices: Sequence[str] | None = Non
 
 
 @dataclass(frozen=True)
+class MemoryBudget:
+    """What all resident engines may use together: a fraction of each GPU, or bytes."""
+
+    fraction: float | None = 0.9
+    bytes: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> MemoryBudget:
+        text = text.strip().lower().replace(" ", "")
+        if re.fullmatch(r"0?\.\d+|1(\.0*)?", text):
+            return cls(fraction=float(text))
+        match = re.fullmatch(r"(\d+(?:\.\d+)?)([a-z]*)", text)
+        if not match or match.group(2) not in UNITS:
+            raise SettingsError(f"APP_MEMORY_BUDGET={text!r}: write a fraction like 0.9 or bytes like 40GiB")
+        return cls(fraction=None, bytes=int(float(match.group(1)) * UNITS[match.group(2)]))
+
+    def describe(self) -> str:
+        if self.bytes is not None:
+            return f"{self.bytes / 2**30:.1f} GiB"
+        return f"{self.fraction:.0%} of GPU memory"
+
+
+def parse_mapping(name: str, text: str) -> dict[str, str]:
+    """`key=value,key=value` (spaces allowed) into a dict; the variable name is in errors."""
+    mapping = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise SettingsError(f"{name}: {item!r} is not of the form card_key=value")
+        mapping[key.strip()] = value.strip()
+    return mapping
+
+
+def _number(env: Mapping[str, str], name: str, default: float) -> float:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise SettingsError(f"{name}={text!r} is not a number") from None
+    if value < 0:
+        raise SettingsError(f"{name}={text!r} must not be negative")
+    return value
+
+
+@dataclass(frozen=True)
 class Settings:
     cards_dir: Path | None = None
     allow_remote_code: bool = False
     gpu_count: int = 0
+    default_model: str | None = None
+    memory_budget: MemoryBudget = field(default_factory=MemoryBudget)
+    max_resident: int = 1
+    # Seconds an engine may sit unused before it is unloaded (0: never).
+    idle_unload_s: float = 1800.0
+    # Seconds a swap waits for answers in flight on the engine it evicts before stopping them.
+    drain_timeout_s: float = 60.0
+    # None: eager on CPU (compiling costs more than it gains for a demo), compiled on GPU.
+    enforce_eager: bool | None = None
+    # KV cache per engine where no GPU sizes it (CPU); vLLM would otherwise take half the RAM.
+    cpu_kv_cache_bytes: int = 256 * 2**20
+    model_folders: dict[str, Path] = field(default_factory=dict)
+    remote_engines: dict[str, str] = field(default_factory=dict)
+    hf_cache: Path | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
         cards_dir = env.get("APP_CARDS_DIR")
         gpus = env.get("APP_GPU_COUNT")
+        eager = env.get("APP_ENFORCE_EAGER", "").strip().lower()
+        hf_cache = env.get("APP_HF_CACHE")
+        budget = env.get("APP_MEMORY_BUDGET", "").strip()
         return cls(
             cards_dir=Path(cards_dir) if cards_dir else None,
             allow_remote_code=env.get("APP_ALLOW_REMOTE_CODE", "").strip().lower() in TRUE,
             gpu_count=int(gpus) if gpus else detect_gpu_count(env),
+            default_model=env.get("APP_DEFAULT_MODEL") or None,
+            memory_budget=MemoryBudget.parse(budget) if budget else MemoryBudget(),
+            max_resident=max(1, int(_number(env, "APP_MAX_RESIDENT", 1))),
+            idle_unload_s=_number(env, "APP_IDLE_UNLOAD_S", cls.idle_unload_s),
+            drain_timeout_s=_number(env, "APP_DRAIN_TIMEOUT_S", cls.drain_timeout_s),
+            enforce_eager=(eager in TRUE) if eager else None,
+            cpu_kv_cache_bytes=int(_number(env, "APP_CPU_KV_CACHE_BYTES", cls.cpu_kv_cache_bytes)),
+            model_folders={
+                key: Path(path)
+                for key, path in parse_mapping("APP_MODEL_FOLDERS", env.get("APP_MODEL_FOLDERS", "")).items()
+            },
+            remote_engines=parse_mapping("APP_REMOTE_ENGINES", env.get("APP_REMOTE_ENGINES", "")),
+            hf_cache=Path(hf_cache) if hf_cache else None,
         )
+
+    def with_overrides(self, **values: Any) -> Settings:
+        """These settings with the given fields replaced; `None` values (flags not given) are skipped."""
+        known = {f.name for f in fields(self)}
+        unknown = set(values) - known
+        if unknown:
+            raise SettingsError(f"unknown settings: {sorted(unknown)}")
+        return replace(self, **{k: v for k, v in values.items() if v is not None})
+
+    @property
+    def eager(self) -> bool:
+        return self.gpu_count == 0 if self.enforce_eager is None else self.enforce_eager

@@ -13,7 +13,6 @@ import pytest
 import yaml
 
 from app.cards import CARDS_DIR, CardError, load_cards, servable_cards
-from app.config import Settings, detect_gpu_count
 
 CARDS = load_cards()
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,20 +139,7 @@ def test_engine_args_are_arguments_of_the_installed_vllm():
         assert set(card.engine_args) <= names, (key, set(card.engine_args) - names)
 
 
-# --- settings and the command line -----------------------------------------------------------
-
-
-def test_settings_come_from_the_environment():
-    settings = Settings.from_env(
-        {"APP_ALLOW_REMOTE_CODE": "yes", "APP_GPU_COUNT": "2", "APP_CARDS_DIR": "/x"}
-    )
-    assert settings == Settings(cards_dir=Path("/x"), allow_remote_code=True, gpu_count=2)
-    assert Settings.from_env({"APP_GPU_COUNT": "0"}).allow_remote_code is False
-    two = ["/dev/nvidia0", "/dev/nvidia1"]
-    assert detect_gpu_count({}, two) == 2
-    assert detect_gpu_count({"CUDA_VISIBLE_DEVICES": "1"}, two) == 1
-    assert detect_gpu_count({"CUDA_VISIBLE_DEVICES": "-1"}, two) == 0
-    assert detect_gpu_count({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, two) == 2
+# --- the command line -----------------------------------------------------------
 
 
 def run_app(*args: str, **env: str) -> subprocess.CompletedProcess:

@@ -1,0 +1,92 @@
+"""Settings come from `APP_*` variables, once, with errors that name the variable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.config import MemoryBudget, Settings, SettingsError, detect_gpu_count
+
+
+def test_settings_come_from_the_environment():
+    settings = Settings.from_env(
+        {
+            "APP_ALLOW_REMOTE_CODE": "yes",
+            "APP_GPU_COUNT": "2",
+            "APP_CARDS_DIR": "/x",
+            "APP_DEFAULT_MODEL": "qwen2_5_vl",
+            "APP_MEMORY_BUDGET": "40GiB",
+            "APP_MAX_RESIDENT": "2",
+            "APP_IDLE_UNLOAD_S": "600",
+            "APP_DRAIN_TIMEOUT_S": "5",
+            "APP_ENFORCE_EAGER": "1",
+            "APP_MODEL_FOLDERS": "llava=/models/llava, qwen2_vl = /models/qwen",
+            "APP_REMOTE_ENGINES": "gemma3=http://gpu-box:8000/v1",
+            "APP_HF_CACHE": "/cache",
+        }
+    )
+    assert settings == Settings(
+        cards_dir=Path("/x"),
+        allow_remote_code=True,
+        gpu_count=2,
+        default_model="qwen2_5_vl",
+        memory_budget=MemoryBudget(fraction=None, bytes=40 * 2**30),
+        max_resident=2,
+        idle_unload_s=600,
+        drain_timeout_s=5,
+        enforce_eager=True,
+        model_folders={"llava": Path("/models/llava"), "qwen2_vl": Path("/models/qwen")},
+        remote_engines={"gemma3": "http://gpu-box:8000/v1"},
+        hf_cache=Path("/cache"),
+    )
+    assert Settings.from_env({"APP_GPU_COUNT": "0"}).allow_remote_code is False
+
+
+def test_eager_mode_defaults_to_the_platform():
+    assert Settings(gpu_count=0).eager is True
+    assert Settings(gpu_count=1).eager is False
+    assert Settings(gpu_count=1, enforce_eager=True).eager is True
+
+
+@pytest.mark.parametrize(
+    ("text", "budget"),
+    [
+        ("0.8", MemoryBudget(0.8)),
+        ("1", MemoryBudget(1.0)),
+        ("512MiB", MemoryBudget(None, 512 * 2**20)),
+        ("2 GB", MemoryBudget(None, 2 * 10**9)),
+    ],
+)
+def test_memory_budget_is_a_fraction_or_bytes(text: str, budget: MemoryBudget):
+    assert MemoryBudget.parse(text) == budget
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"APP_MEMORY_BUDGET": "lots"}, "APP_MEMORY_BUDGET"),
+        ({"APP_IDLE_UNLOAD_S": "soon"}, "APP_IDLE_UNLOAD_S"),
+        ({"APP_DRAIN_TIMEOUT_S": "-1"}, "APP_DRAIN_TIMEOUT_S"),
+        ({"APP_MODEL_FOLDERS": "llava"}, "APP_MODEL_FOLDERS"),
+    ],
+)
+def test_bad_settings_name_their_variable(env: dict[str, str], named: str):
+    with pytest.raises(SettingsError, match=named):
+        Settings.from_env({"APP_GPU_COUNT": "0", **env})
+
+
+def test_command_line_values_override_the_environment_where_given():
+    settings = Settings.from_env({"APP_GPU_COUNT": "0", "APP_MAX_RESIDENT": "3"})
+    assert settings.with_overrides(max_resident=None, default_model="llava").max_resident == 3
+    assert settings.with_overrides(max_resident=1).max_resident == 1
+    with pytest.raises(SettingsError, match="unknown"):
+        settings.with_overrides(colour="blue")
+
+
+def test_gpu_count_comes_from_device_files_narrowed_by_cuda_visible_devices():
+    two = ["/dev/nvidia0", "/dev/nvidia1"]
+    assert detect_gpu_count({}, two) == 2
+    assert detect_gpu_count({"CUDA_VISIBLE_DEVICES": "1"}, two) == 1
+    assert detect_gpu_count({"CUDA_VISIBLE_DEVICES": "-1"}, two) == 0
+    assert detect_gpu_count({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, two) == 2

@@ -1,0 +1,333 @@
+"""The engine manager on the real vLLM engine (CPU), serving two tiny random-weight models.
+
+Random weights print nonsense, so the tests assert on what the pipeline controls: token counts
+(`ignore_eos`), finish reasons, prompt sizes, states, processes and memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+from clips import write_video
+from PIL import Image
+
+from app.config import Settings
+from app.engine import (
+    EngineError,
+    EngineFailure,
+    EngineManager,
+    ModelState,
+    ModelStatus,
+    SamplingSettings,
+    StreamEnd,
+    TextDelta,
+)
+from app.media import load_video
+from app.vllm_engine import VllmEngineFactory
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+SETTINGS = Settings(gpu_count=0, cpu_kv_cache_bytes=64 * 2**20, idle_unload_s=0, drain_timeout_s=60)
+FIXED = SamplingSettings(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+
+class CountingFactory:
+    """The real factory, counting builds and remembering each engine."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.real = VllmEngineFactory(settings)
+        self.builds: list[str] = []
+        self.engines: dict[str, Any] = {}
+
+    async def build(self, card: Any, report: Callable[[str], None]) -> Any:
+        self.builds.append(card.key)
+        engine = await self.real.build(card, report)
+        self.engines[card.key] = engine
+        return engine
+
+
+def ask(text: str, *media: tuple[str, Any]) -> list[dict[str, Any]]:
+    parts = [{"type": kind, kind: item} for kind, item in media]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
+
+
+async def answer(manager: EngineManager, key: str, messages: list[dict[str, Any]], sampling=FIXED) -> dict:
+    """Consumes one stream: statuses seen, text deltas with their arrival times, the end."""
+    result: dict[str, Any] = {"statuses": [], "deltas": [], "times": [], "end": None}
+    async for event in manager.stream(key, messages, sampling):
+        if isinstance(event, ModelStatus):
+            result["statuses"].append(event)
+        elif isinstance(event, TextDelta):
+            result["deltas"].append(event.text)
+            result["times"].append(time.monotonic())
+        else:
+            assert isinstance(event, StreamEnd)
+            result["end"] = event
+    return result
+
+
+def tree_memory() -> tuple[int, int]:
+    """Resident memory of this process and all its children, and how many children."""
+    me = psutil.Process()
+    children = me.children(recursive=True)
+    rss = me.memory_info().rss
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            rss += child.memory_info().rss
+    return rss, len(children)
+
+
+def picture(seed: int, size: int = 96) -> Image.Image:
+    pixels = np.random.default_rng(seed).integers(0, 255, (size, size, 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
+
+
+@pytest.fixture(scope="module")
+def factory() -> CountingFactory:
+    return CountingFactory(SETTINGS)
+
+
+@pytest.fixture(scope="module")
+def manager(loop, tiny_cards, factory):
+    manager = EngineManager(tiny_cards, SETTINGS, factory, progress_interval_s=0.2)
+    yield manager
+    loop.run(manager.close())
+
+
+def test_simultaneous_first_requests_share_one_build_and_stream_an_image_answer(loop, manager, factory):
+    async def two_first_requests():
+        return await asyncio.gather(
+            answer(manager, "tiny-a", ask("What is this?", ("image", picture(1)))),
+            answer(manager, "tiny-a", ask("What is this?", ("image", picture(2)), ("image", picture(3)))),
+        )
+
+    one_image, two_images = loop.run(two_first_requests())
+    assert factory.builds == ["tiny-a"]
+    for result in (one_image, two_images):
+        states = {status.state for status in result["statuses"]}
+        assert ModelState.LOADING in states or ModelState.QUEUED in states
+        assert result["end"].finish_reason == "length"
+        assert result["end"].completion_tokens == FIXED.max_tokens
+        assert "".join(result["deltas"])
+    # Each picture adds the same number of visual tokens to the prompt.
+    text_only = loop.run(answer(manager, "tiny-a", ask("What is this?")))
+    per_image = one_image["end"].prompt_tokens - text_only["end"].prompt_tokens
+    assert per_image > 0
+    assert two_images["end"].prompt_tokens - text_only["end"].prompt_tokens == 2 * per_image
+    assert one_image["end"].prompt.count("<|image_pad|>") == 1
+    assert manager.status("tiny-a").state is ModelState.READY
+    assert manager.status("tiny-a").estimate_s > 0
+
+
+def test_video_answer_prompt_grows_with_the_frames_sampled(loop, manager, tmp_path):
+    clip = write_video(tmp_path / "clip.mp4", seconds=2.0, fps=10, size=(64, 48))
+    few, more = load_video(clip, num_frames=4), load_video(clip, num_frames=8)
+    assert few.frames.shape == (4, 48, 64, 3)
+    short = loop.run(answer(manager, "tiny-a", ask("What happens?", ("video", few))))
+    long = loop.run(answer(manager, "tiny-a", ask("What happens?", ("video", more))))
+    for result in (short, long):
+        assert result["end"].finish_reason == "length"
+        assert result["end"].completion_tokens == FIXED.max_tokens
+        assert "<|video_pad|>" in result["end"].prompt
+    assert long["end"].prompt_tokens > short["end"].prompt_tokens
+
+
+def test_eight_concurrent_streams_are_batched_not_serialised(loop, manager):
+    sampling = replace(FIXED, max_tokens=48)
+
+    async def eight():
+        return await asyncio.gather(
+            *(answer(manager, "tiny-a", ask(f"Question {i}"), sampling) for i in range(8))
+        )
+
+    results = loop.run(eight())
+    assert all(r["end"].completion_tokens == 48 for r in results)
+    # Under a lock, each stream would start after the previous one ended. Batched, every
+    # stream has produced text before the first one finishes.
+    first_finish = min(r["times"][-1] for r in results)
+    assert all(r["times"][0] < first_finish for r in results)
+
+
+def test_closing_a_stream_aborts_its_request_and_the_engine_keeps_serving(loop, manager):
+    async def stop_after_three_deltas():
+        stream = manager.stream("tiny-a", ask("Tell me a long story"), replace(FIXED, max_tokens=2000))
+        received = 0
+        async for event in stream:
+            if isinstance(event, TextDelta):
+                received += 1
+                if received == 3:
+                    break
+        await stream.aclose()
+        for _ in range(50):
+            if manager.unfinished_requests("tiny-a") == 0:
+                break
+            await asyncio.sleep(0.05)
+        return received, manager.unfinished_requests("tiny-a"), manager.status("tiny-a").in_flight
+
+    received, unfinished, in_flight = loop.run(stop_after_three_deltas())
+    assert (received, unfinished, in_flight) == (3, 0, 0)
+    after = loop.run(answer(manager, "tiny-a", ask("Still there?")))
+    assert after["end"].completion_tokens == FIXED.max_tokens
+
+
+def test_a_swap_waits_for_answers_in_flight_on_the_engine_it_evicts(loop, manager, factory):
+    async def long_answer_then_other_model():
+        first = asyncio.create_task(
+            answer(manager, "tiny-a", ask("Long one"), replace(FIXED, max_tokens=300))
+        )
+        while not manager.status("tiny-a").in_flight:
+            await asyncio.sleep(0.01)
+        phases: list[str] = []
+        unsubscribe = manager.subscribe(lambda s: s.key == "tiny-b" and phases.append(s.phase))
+        second = await answer(manager, "tiny-b", ask("Short one"))
+        unsubscribe()
+        return await first, second, phases
+
+    first, second, phases = loop.run(long_answer_then_other_model())
+    assert first["end"].finish_reason == "length" and first["end"].completion_tokens == 300
+    assert second["end"].completion_tokens == FIXED.max_tokens
+    assert any("waiting for 1 answer" in phase for phase in phases)
+    # The new model's first token came after the evicted model's last one.
+    assert second["times"][0] > first["times"][-1]
+    assert manager.status("tiny-a").state is ModelState.NOT_LOADED
+    assert manager.status("tiny-b").state is ModelState.READY
+
+
+def test_past_the_drain_time_answers_on_the_evicted_engine_are_stopped(loop, tiny_cards):
+    settings = replace(SETTINGS, drain_timeout_s=0.5)
+    manager = EngineManager(tiny_cards, settings, VllmEngineFactory(settings))
+
+    async def scenario():
+        first = asyncio.create_task(
+            answer(manager, "tiny-a", ask("Endless"), replace(FIXED, max_tokens=3000))
+        )
+        while not manager.status("tiny-a").in_flight:
+            await asyncio.sleep(0.01)
+        second = await answer(manager, "tiny-b", ask("Me now"))
+        return await first, second
+
+    try:
+        first, second = loop.run(scenario())
+    finally:
+        loop.run(manager.close())
+    assert first["end"].finish_reason == "abort"
+    assert 0 < first["end"].completion_tokens < 3000
+    assert second["end"].completion_tokens == FIXED.max_tokens
+
+
+def test_killing_the_engine_process_mid_answer_fails_the_stream_then_rebuilds(loop, tiny_cards):
+    settings = replace(SETTINGS, max_resident=2)
+    factory = CountingFactory(settings)
+    manager = EngineManager(tiny_cards, settings, factory)
+
+    async def scenario():
+        await answer(manager, "tiny-b", ask("Warm up"))
+        bystander = asyncio.create_task(
+            answer(manager, "tiny-b", ask("Keep going"), replace(FIXED, max_tokens=400))
+        )
+        victim = manager.stream("tiny-a", ask("Doomed"), replace(FIXED, max_tokens=3000))
+        error = None
+        try:
+            async for event in victim:
+                if isinstance(event, TextDelta):
+                    os.kill(factory.engines["tiny-a"].process_ids[0], signal.SIGKILL)
+        except EngineFailure as failure:
+            error = failure
+        failed = manager.status("tiny-a")
+        again = await answer(manager, "tiny-a", ask("Back?"))
+        return error, failed, again, await bystander
+
+    try:
+        error, failed, again, bystander = loop.run(scenario())
+    finally:
+        loop.run(manager.close())
+    assert error is not None and "stopped unexpectedly" in str(error)
+    assert failed.state is ModelState.FAILED and "Tiny random Qwen2-VL" in failed.reason
+    assert again["end"].completion_tokens == FIXED.max_tokens
+    assert factory.builds == ["tiny-b", "tiny-a", "tiny-a"]
+    assert bystander["end"].finish_reason == "length" and bystander["end"].completion_tokens == 400
+
+
+def test_a_failed_build_names_the_model_and_cause_and_the_manager_keeps_working(loop, tiny_cards, tmp_path):
+    broken_folder = tmp_path / "no-weights"
+    broken_folder.mkdir()
+    (broken_folder / "config.json").write_text('{"model_type": "qwen2_vl", "architectures": ["Nope"]}')
+    from app.tiny_model import tiny_card
+
+    cards = {**tiny_cards, "broken": tiny_card("broken", broken_folder)}
+    manager = EngineManager(cards, SETTINGS, VllmEngineFactory(SETTINGS))
+    try:
+        with pytest.raises(EngineError) as error:
+            loop.run(answer(manager, "broken", ask("Hello?")))
+        status = manager.status("broken")
+        fine = loop.run(answer(manager, "tiny-b", ask("Hello?")))
+    finally:
+        loop.run(manager.close())
+    assert status.state is ModelState.FAILED
+    assert status.reason == str(error.value)
+    assert status.reason.startswith("Tiny random Qwen2-VL") and "could not be loaded" in status.reason
+    assert str(broken_folder) not in status.reason and "Traceback" not in status.reason
+    assert fine["end"].completion_tokens == FIXED.max_tokens
+
+
+def test_an_unknown_model_is_refused_with_a_message(loop, manager):
+    with pytest.raises(EngineError, match="no model 'gpt-9'"):
+        loop.run(answer(manager, "gpt-9", ask("hi")))
+
+
+def test_twenty_swaps_leave_memory_and_processes_where_they_started(loop, tiny_cards):
+    manager = EngineManager(tiny_cards, SETTINGS, VllmEngineFactory(SETTINGS))
+
+    async def swaps(count: int) -> None:
+        for i in range(count):
+            result = await answer(manager, ("tiny-a", "tiny-b")[i % 2], ask("Swap", ("image", picture(i))))
+            assert result["end"].completion_tokens == FIXED.max_tokens
+
+    try:
+        # The first two builds import and warm everything this process keeps (tokenizers,
+        # processors, vLLM's modules); the baseline is taken after them.
+        loop.run(swaps(2), timeout=600)
+        loop.run(manager.close())
+        baseline_rss, baseline_children = tree_memory()
+        loop.run(swaps(20), timeout=1200)
+        loop.run(manager.close())
+        rss, children = tree_memory()
+    finally:
+        loop.run(manager.close())
+    assert children == baseline_children
+    # Stated tolerance: 100 MiB for the whole process tree (measured: about 15 MiB).
+    assert rss - baseline_rss < 100 * 2**20, f"grew {(rss - baseline_rss) >> 20} MiB over 20 swaps"
+
+
+def test_the_model_state_describes_itself_for_the_ui():
+    status = ModelStatus("m", ModelState.LOADING, "starting", elapsed_s=3.2, estimate_s=20)
+    assert status.describe() == "loading: starting (3 s of about 20 s)"
+    failed = ModelStatus("m", ModelState.FAILED, reason="M could not be loaded: boom")
+    assert failed.describe() == "failed: M could not be loaded: boom"
+
+
+def test_video_frames_reach_the_engine_as_sampled(tmp_path: Path):
+    """What the manager hands vLLM for a video: the sampled frames with their metadata."""
+    from app.adapters import RenderedPrompt
+    from app.tiny_model import tiny_card
+    from app.vllm_engine import engine_prompt
+
+    clip = load_video(write_video(tmp_path / "c.mp4"), num_frames=4)
+    image = Image.new("RGB", (8, 8))
+    image.info["content_hash"] = "abc"
+    card = tiny_card("t", tmp_path)
+    prompt = engine_prompt(card, RenderedPrompt("p", [image], [clip]))
+    frames, metadata = prompt["multi_modal_data"]["video"][0]
+    assert frames is clip.frames and metadata["frames_indices"] == clip.metadata["frames_indices"]
+    assert prompt["multi_modal_uuids"] == {"image": ["abc"]}

