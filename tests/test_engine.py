@@ -105,6 +105,12 @@ def manager(loop, tiny_cards, factory):
     loop.run(manager.close())
 
 
+@pytest.fixture
+def quiet(loop, manager) -> None:
+    """Unloads the shared manager's engines, for tests that build their own on 2 cores."""
+    loop.run(manager.close())
+
+
 def test_simultaneous_first_requests_share_one_build_and_stream_an_image_answer(loop, manager, factory):
     async def two_first_requests():
         return await asyncio.gather(
@@ -204,7 +210,7 @@ def test_a_swap_waits_for_answers_in_flight_on_the_engine_it_evicts(loop, manage
     assert manager.status("tiny-b").state is ModelState.READY
 
 
-def test_past_the_drain_time_answers_on_the_evicted_engine_are_stopped(loop, tiny_cards):
+def test_past_the_drain_time_answers_on_the_evicted_engine_are_stopped(loop, tiny_cards, quiet):
     settings = replace(SETTINGS, drain_timeout_s=0.5)
     manager = EngineManager(tiny_cards, settings, VllmEngineFactory(settings))
 
@@ -226,7 +232,7 @@ def test_past_the_drain_time_answers_on_the_evicted_engine_are_stopped(loop, tin
     assert second["end"].completion_tokens == FIXED.max_tokens
 
 
-def test_killing_the_engine_process_mid_answer_fails_the_stream_then_rebuilds(loop, tiny_cards):
+def test_killing_the_engine_process_mid_answer_fails_the_stream_then_rebuilds(loop, tiny_cards, quiet):
     settings = replace(SETTINGS, max_resident=2)
     factory = CountingFactory(settings)
     manager = EngineManager(tiny_cards, settings, factory)
@@ -259,7 +265,9 @@ def test_killing_the_engine_process_mid_answer_fails_the_stream_then_rebuilds(lo
     assert bystander["end"].finish_reason == "length" and bystander["end"].completion_tokens == 400
 
 
-def test_a_failed_build_names_the_model_and_cause_and_the_manager_keeps_working(loop, tiny_cards, tmp_path):
+def test_a_failed_build_names_the_model_and_cause_and_the_manager_keeps_working(
+    loop, tiny_cards, quiet, tmp_path
+):
     broken_folder = tmp_path / "no-weights"
     broken_folder.mkdir()
     (broken_folder / "config.json").write_text('{"model_type": "qwen2_vl", "architectures": ["Nope"]}')
@@ -286,7 +294,7 @@ def test_an_unknown_model_is_refused_with_a_message(loop, manager):
         loop.run(answer(manager, "gpt-9", ask("hi")))
 
 
-def test_twenty_swaps_leave_memory_and_processes_where_they_started(loop, tiny_cards):
+def test_twenty_swaps_leave_memory_and_processes_where_they_started(loop, tiny_cards, quiet):
     manager = EngineManager(tiny_cards, SETTINGS, VllmEngineFactory(SETTINGS))
 
     async def swaps(count: int) -> None:

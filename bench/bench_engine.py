@@ -1,0 +1,183 @@
+"""Engine benchmark on the tiny random-weight models (CPU by default), all in one run:
+
+- wall time of 1, 4, 8 and 16 concurrent streams through the manager, and the ratio to one;
+- time to first token and per-token time through the manager against calling the same
+  `AsyncLLM` directly, alternating the two so both see the same machine state;
+- build, swap and shutdown times, and the process tree's memory after repeated swaps.
+
+    .venv/bin/python bench/bench_engine.py [--swaps 10] [--tokens 64]
+
+Targets: 8 concurrent streams take at most 1.5x as long as one; the manager adds at most 5%
+to the time to first token over direct `AsyncLLM`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+SCRATCH = Path(tempfile.mkdtemp(prefix="bench-engine-"))
+os.environ.update(
+    HF_HUB_OFFLINE="1",
+    VLLM_NO_USAGE_STATS="1",
+    VLLM_ENABLE_V1_MULTIPROCESSING="0",
+    VLLM_RPC_BASE_PATH=str(SCRATCH),
+    VLLM_CACHE_ROOT=str(SCRATCH / "cache"),
+    TORCHINDUCTOR_CACHE_DIR=str(SCRATCH / "inductor"),
+    VLLM_LOGGING_LEVEL="WARNING",
+)
+os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+import psutil  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from app.config import Settings  # noqa: E402
+from app.engine import EngineManager, SamplingSettings, StreamEnd, TextDelta  # noqa: E402
+from app.tiny_model import build_tiny_vlm, tiny_card  # noqa: E402
+from app.vllm_engine import VllmEngineFactory, engine_prompt  # noqa: E402
+
+
+class RecordingFactory:
+    def __init__(self, settings: Settings) -> None:
+        self.real = VllmEngineFactory(settings)
+        self.engines: dict[str, Any] = {}
+
+    async def build(self, card: Any, report: Any) -> Any:
+        self.engines[card.key] = await self.real.build(card, report)
+        return self.engines[card.key]
+
+
+def question(seed: int) -> list[dict[str, Any]]:
+    pixels = np.random.default_rng(seed).integers(0, 255, (224, 224, 3), dtype=np.uint8)
+    image = Image.fromarray(pixels)
+    return [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "Describe."}]}]
+
+
+async def through_manager(manager: EngineManager, key: str, messages: list, sampling: SamplingSettings) -> tuple:
+    start = time.perf_counter()
+    first = None
+    async for event in manager.stream(key, messages, sampling):
+        if isinstance(event, TextDelta) and first is None:
+            first = time.perf_counter()
+        elif isinstance(event, StreamEnd):
+            return first - start, time.perf_counter() - start, event.completion_tokens
+    raise RuntimeError("no end")
+
+
+async def direct(engine: Any, card: Any, messages: list, sampling: SamplingSettings, request_id: str) -> tuple:
+    """The same request on the same `AsyncLLM`, without the manager (prompt rendered here too)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    from app.adapters import render
+
+    start = time.perf_counter()
+    rendered = render(card, messages, engine._owner)
+    params = SamplingParams(
+        temperature=sampling.temperature,
+        max_tokens=sampling.max_tokens,
+        ignore_eos=True,
+        output_kind=RequestOutputKind.DELTA,
+    )
+    first, tokens = None, 0
+    async for output in engine._engine.generate(engine_prompt(card, rendered), params, request_id):
+        tokens += len(output.outputs[0].token_ids)
+        if first is None and output.outputs[0].text:
+            first = time.perf_counter()
+    return first - start, time.perf_counter() - start, tokens
+
+
+def tree_rss() -> tuple[int, int]:
+    me = psutil.Process()
+    children = me.children(recursive=True)
+    return me.memory_info().rss + sum(c.memory_info().rss for c in children), len(children)
+
+
+async def run(swaps: int, tokens: int) -> None:
+    folders = {v: build_tiny_vlm(SCRATCH / v, v) for v in ("tiny-a", "tiny-b")}
+    cards = {v: tiny_card(v, folder, v) for v, folder in folders.items()}
+    settings = Settings(gpu_count=0, cpu_kv_cache_bytes=128 * 2**20, idle_unload_s=0)
+    factory = RecordingFactory(settings)
+    manager = EngineManager(cards, settings, factory)
+    sampling = SamplingSettings(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    rows: list[tuple[str, str]] = []
+
+    start = time.perf_counter()
+    await through_manager(manager, "tiny-a", question(0), replace(sampling, max_tokens=1))
+    rows.append(("build tiny-a (first request to first token, cold process)", f"{time.perf_counter() - start:.2f} s"))
+
+    # Concurrency: each level twice, the second timed (warm).
+    single = None
+    for n in (1, 4, 8, 16):
+        for _ in range(2):
+            start = time.perf_counter()
+            await asyncio.gather(*(through_manager(manager, "tiny-a", question(i), sampling) for i in range(n)))
+            wall = time.perf_counter() - start
+        single = single or wall
+        rows.append((f"{n:2d} concurrent streams x {tokens} tokens", f"{wall:.3f} s ({wall / single:.2f}x one)"))
+
+    # Manager against direct AsyncLLM, alternating, same engine, same prompt.
+    engine, card = factory.engines["tiny-a"], cards["tiny-a"]
+    via_manager: list[tuple] = []
+    via_direct: list[tuple] = []
+    for i in range(20):
+        via_manager.append(await through_manager(manager, "tiny-a", question(100 + i), sampling))
+        via_direct.append(await direct(engine, card, question(100 + i), sampling, f"direct-{i}"))
+    for name, samples in (("manager", via_manager), ("direct AsyncLLM", via_direct)):
+        ttft = statistics.median(s[0] for s in samples)
+        per_token = statistics.median((s[1] - s[0]) / max(1, s[2] - 1) for s in samples)
+        rows.append((f"TTFT / per-token, {name} (median of 20)", f"{ttft * 1000:.1f} ms / {per_token * 1000:.2f} ms"))
+    overhead = statistics.median(m[0] for m in via_manager) / statistics.median(d[0] for d in via_direct) - 1
+    rows.append(("manager's added time to first token", f"{overhead:+.1%}"))
+
+    # Swaps with one engine resident.
+    baseline = tree_rss()
+    swap_times = []
+    for i in range(swaps):
+        key = ("tiny-b", "tiny-a")[i % 2]
+        start = time.perf_counter()
+        await through_manager(manager, key, question(i), replace(sampling, max_tokens=1))
+        swap_times.append(time.perf_counter() - start)
+        if i == 1:
+            baseline = tree_rss()
+    after = tree_rss()
+    rows.append((f"swap (unload one, build the other, first token), median of {swaps}", f"{statistics.median(swap_times):.2f} s"))
+    rows.append(
+        (
+            f"process tree after swaps 2..{swaps}",
+            f"{baseline[0] >> 20} -> {after[0] >> 20} MiB, children {baseline[1]} -> {after[1]}",
+        )
+    )
+    engine = factory.engines["tiny-b" if swaps % 2 else "tiny-a"]
+    start = time.perf_counter()
+    await manager.close()
+    rows.append(("shutdown (engine stopped, its process gone)", f"{time.perf_counter() - start:.2f} s"))
+
+    print(f"# {time.strftime('%Y-%m-%d')} {platform.machine()}, {os.cpu_count()} cores, "
+          f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}")  # fmt: skip
+    print("| measurement | result |\n| --- | --- |")
+    for name, value in rows:
+        print(f"| {name} | {value} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--swaps", type=int, default=10)
+    parser.add_argument("--tokens", type=int, default=64)
+    args = parser.parse_args()
+    asyncio.run(run(args.swaps, args.tokens))
+
+
+if __name__ == "__main__":
+    main()
