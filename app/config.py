@@ -9,7 +9,7 @@ from __future__ import annotations
 import glob
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -135,6 +135,19 @@ class Settings:
         if unknown:
             raise SettingsError(f"unknown settings: {sorted(unknown)}")
         return replace(self, **{k: v for k, v in values.items() if v is not None})
+
+    def check_keys(self, catalog: Iterable[str]) -> None:
+        """Refuses settings that name models the catalog does not have (a typo would otherwise
+        silently leave a model on the wrong engine)."""
+        known = set(catalog)
+        named = {
+            "APP_DEFAULT_MODEL": {self.default_model} - {None},
+            "APP_MODEL_FOLDERS": set(self.model_folders),
+            "APP_REMOTE_ENGINES": set(self.remote_engines),
+        }
+        for variable, keys in named.items():
+            if unknown := sorted(keys - known):
+                raise SettingsError(f"{variable} names {unknown}, not in the catalog")
 
     @property
     def eager(self) -> bool:

@@ -172,3 +172,12 @@ def test_command_line_stops_on_a_broken_card_naming_it(tmp_path: Path):
     assert result.returncode == 2
     assert "llava.yaml" in result.stderr and "surprise" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_command_line_flags_override_settings_and_name_unknown_models():
+    remote = run_app("--remote-engine", "qwen2_5_vl=http://gpu-box:8000/v1", "--available")
+    assert remote.returncode == 0, remote.stderr
+    assert "qwen2_5_vl" in remote.stdout
+    typo = run_app("--model-folder", "qwen2_5_vll=/models/q")
+    assert typo.returncode == 2
+    assert "APP_MODEL_FOLDERS names ['qwen2_5_vll']" in typo.stderr and "Traceback" not in typo.stderr

@@ -90,3 +90,11 @@ def test_gpu_count_comes_from_device_files_narrowed_by_cuda_visible_devices():
     assert detect_gpu_count({"CUDA_VISIBLE_DEVICES": "1"}, two) == 1
     assert detect_gpu_count({"CUDA_VISIBLE_DEVICES": "-1"}, two) == 0
     assert detect_gpu_count({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, two) == 2
+
+
+def test_settings_naming_models_outside_the_catalog_are_refused():
+    Settings(default_model="llava", remote_engines={"gemma3": "http://x/v1"}).check_keys({"llava", "gemma3"})
+    with pytest.raises(SettingsError, match=r"APP_REMOTE_ENGINES names \['gemma4'\]"):
+        Settings(remote_engines={"gemma4": "http://x/v1"}).check_keys({"gemma3"})
+    with pytest.raises(SettingsError, match="APP_DEFAULT_MODEL"):
+        Settings(default_model="nope").check_keys({"llava"})

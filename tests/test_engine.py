@@ -339,3 +339,76 @@ def test_video_frames_reach_the_engine_as_sampled(tmp_path: Path):
     frames, metadata = prompt["multi_modal_data"]["video"][0]
     assert frames is clip.frames and metadata["frames_indices"] == clip.metadata["frames_indices"]
     assert prompt["multi_modal_uuids"] == {"image": ["abc"]}
+
+
+def test_an_engine_unused_for_the_idle_time_is_unloaded_and_its_process_ends(loop, tiny_cards, quiet):
+    settings = replace(SETTINGS, idle_unload_s=1.0)
+    factory = CountingFactory(settings)
+    manager = EngineManager(tiny_cards, settings, factory)
+
+    async def answer_then_wait() -> tuple[ModelState, ModelState]:
+        await answer(manager, "tiny-b", ask("Hi"))
+        right_after = manager.status("tiny-b").state
+        for _ in range(100):
+            if manager.status("tiny-b").state is ModelState.NOT_LOADED:
+                break
+            await asyncio.sleep(0.1)
+        return right_after, manager.status("tiny-b").state
+
+    try:
+        right_after, later = loop.run(answer_then_wait())
+    finally:
+        loop.run(manager.close())
+    assert (right_after, later) == (ModelState.READY, ModelState.NOT_LOADED)
+    assert not psutil.pid_exists(factory.engines["tiny-b"].process_ids[0])
+
+
+class FakeSleepingEngine:
+    """A stand-in for a CUDA engine with vLLM's sleep mode, which vLLM refuses on CPU, so the
+    manager's sleep-and-wake path cannot run for real here. It answers "ok" and logs calls."""
+
+    resident = True
+    can_sleep = True
+
+    def __init__(self, log: list[str], key: str) -> None:
+        self.log, self.key = log, key
+
+    async def generate(self, card, messages, sampling, request_id):
+        yield TextDelta("ok")
+        yield StreamEnd("stop", 1, 1, "prompt")
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def unfinished_requests(self) -> int:
+        return 0
+
+    async def sleep(self) -> None:
+        self.log.append(f"sleep {self.key}")
+
+    async def wake(self) -> None:
+        self.log.append(f"wake {self.key}")
+
+    async def shutdown(self) -> None:
+        self.log.append(f"shutdown {self.key}")
+
+
+def test_on_platforms_with_sleep_mode_an_evicted_engine_sleeps_and_wakes_instead_of_rebuilding(
+    loop, tiny_cards
+):
+    log: list[str] = []
+
+    class Factory:
+        async def build(self, card, report):
+            log.append(f"build {card.key}")
+            return FakeSleepingEngine(log, card.key)
+
+    manager = EngineManager(tiny_cards, SETTINGS, Factory())
+    loop.run(answer(manager, "tiny-a", ask("1")))
+    loop.run(answer(manager, "tiny-b", ask("2")))
+    assert manager.status("tiny-a").state is ModelState.SLEEPING
+    result = loop.run(answer(manager, "tiny-a", ask("3")))
+    assert result["end"].finish_reason == "stop"
+    assert log == ["build tiny-a", "sleep tiny-a", "build tiny-b", "sleep tiny-b", "wake tiny-a"]
+    assert manager.status("tiny-b").state is ModelState.SLEEPING
+    loop.run(manager.close())
+    assert sorted(log[-2:]) == ["shutdown tiny-a", "shutdown tiny-b"]
