@@ -74,6 +74,8 @@ class ModelCard(StrictModel):
     stop_on_eos_token: bool = False
     sampling_defaults: dict[str, Any] = {}
     video_metadata: bool = False
+    # Frames sampled from a video for this model: the references' `--num-frames` default.
+    video_frames: int = Field(16, ge=1, le=64)
     adapter: str
     chat_template_owner: Literal["tokenizer", "processor"] = "tokenizer"
     prompt: dict[str, Any]

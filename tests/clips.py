@@ -14,6 +14,7 @@ def write_video(
     fps: int = 10,
     size: tuple[int, int] = (64, 48),
     pts_ms: list[int] | None = None,
+    keyframe_every: int = 1,
 ) -> Path:
     """An H.264 clip whose frame i is flat grey at level 10 * i, so sampled frames identify
     themselves. With `pts_ms`, frames get those timestamps (a variable frame rate)."""
@@ -24,7 +25,13 @@ def write_video(
         stream = container.add_stream("libx264", rate=fps)
         stream.width, stream.height = size
         stream.pix_fmt = "yuv420p"
-        stream.options = {"crf": "1", "g": "1"}
+        stream.options = {
+            "crf": "1",
+            "g": str(keyframe_every),
+            "keyint_min": str(keyframe_every),
+            "sc_threshold": "0",
+            "bf": "0",
+        }
         if pts_ms:
             stream.codec_context.time_base = Fraction(1, 1000)
         for i in range(count):

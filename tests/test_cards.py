@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.cards import CARDS_DIR, CardError, load_cards, servable_cards
+from app.cards import CARDS_DIR, CardError, load_card, load_cards, servable_cards
 
 CARDS = load_cards()
 ROOT = Path(__file__).resolve().parent.parent
@@ -181,3 +181,15 @@ def test_command_line_flags_override_settings_and_name_unknown_models():
     typo = run_app("--model-folder", "qwen2_5_vll=/models/q")
     assert typo.returncode == 2
     assert "APP_MODEL_FOLDERS names ['qwen2_5_vll']" in typo.stderr and "Traceback" not in typo.stderr
+
+
+def test_video_cards_sample_the_references_frame_count_within_the_decoders_cap(tmp_path: Path):
+    from app.media import VideoLimits
+
+    video_cards = [card for card in CARDS.values() if "video" in card.modalities]
+    assert video_cards and all(card.video_frames == 16 for card in video_cards)
+    text = (CARDS_DIR / "qwen2_vl.yaml").read_text(encoding="utf-8") + "video_frames: 65\n"
+    (tmp_path / "qwen2_vl.yaml").write_text(text, encoding="utf-8")
+    with pytest.raises(CardError, match=r"qwen2_vl\.yaml: video_frames"):
+        load_card(tmp_path / "qwen2_vl.yaml")
+    assert VideoLimits().max_frames == 64

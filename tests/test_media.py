@@ -207,7 +207,14 @@ def test_a_missing_file_is_refused_without_its_path(tmp_path: Path):
 import av  # noqa: E402 - the video half of the tests
 from clips import write_video  # noqa: E402
 
-from app.media import VideoDecoder, VideoLimits, frame_indices, load_video  # noqa: E402
+from app.media import (  # noqa: E402
+    VideoDecoder,
+    VideoDecoderPool,
+    VideoLimits,
+    frame_indices,
+    load_video,
+    snap_to_keyframes,
+)
 
 
 def write_audio_only(path: Path) -> Path:
@@ -263,6 +270,55 @@ def test_frame_counts_are_capped():
     assert len(frame_indices(1000, 30, 100, None, limits)) == 8
     assert len(frame_indices(1000, 30, None, 30, limits)) == 8  # 33 s at 30 fps, capped: uniform
     assert frame_indices(1, 30, 16, None, limits) == [0]
+
+
+def test_samples_move_to_nearby_keyframes_and_report_the_frames_taken(decoder, tmp_path):
+    # 6 s at 10 fps, a keyframe every 10 frames: uniform picks 0, 15, 30, 44, 59; 15 and 44 are
+    # 5 frames from a keyframe, within half the 15-frame gap between samples.
+    path = write_video(tmp_path / "gop.mp4", seconds=6.0, fps=10, keyframe_every=10)
+    frames, metadata, timestamps = decoder.decode(path, num_frames=5)
+    assert metadata["frames_indices"] == [0, 10, 30, 40, 59] or metadata["frames_indices"] == [
+        0,
+        20,
+        30,
+        50,
+        59,
+    ]
+    assert frame_levels(frames) == [(10 * i) % 250 // 10 for i in metadata["frames_indices"]]
+    assert timestamps == pytest.approx([i / 10 for i in metadata["frames_indices"]], abs=0.01)
+
+
+def test_keyframe_snapping_keeps_one_sample_per_stretch():
+    assert snap_to_keyframes([0, 15, 30, 44, 59], [0, 10, 20, 30, 40, 50]) == [0, 10, 30, 40, 59]
+    # Keyframes too far away (over half a gap) leave the exact indices.
+    assert snap_to_keyframes([0, 5, 10, 14, 19], [0, 60]) == [0, 5, 10, 14, 19]
+    # Two samples never collapse onto one keyframe.
+    assert snap_to_keyframes([0, 5, 10, 14, 19], [0, 12]) == [0, 5, 12, 14, 19]
+    assert snap_to_keyframes([7], [0]) == [7]
+
+
+def test_a_pool_decodes_two_videos_at_once_while_one_worker_hangs(clip):
+    import threading
+
+    pool = VideoDecoderPool(workers=2, limits=VideoLimits(timeout_s=10))
+    refusals: list[str] = []
+
+    def hang() -> None:
+        with pytest.raises(MediaError) as error:
+            pool.decode(clip, fault="hang")
+        refusals.append(str(error.value))
+
+    hung = threading.Thread(target=hang)
+    try:
+        hung.start()
+        while all(decoder.worker_pid is None for decoder in pool.decoders):
+            threading.Event().wait(0.01)
+        frames, _, _ = pool.decode(clip, num_frames=4)  # served by the other worker meanwhile
+        assert frames.shape[0] == 4 and hung.is_alive()
+    finally:
+        hung.join()
+        pool.close()
+    assert "took over 10 s" in refusals[0]
 
 
 def test_load_video_is_the_public_entry_point(clip):
