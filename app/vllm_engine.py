@@ -35,6 +35,10 @@ class VllmEngineFactory:
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
+        if settings.hf_cache is not None:
+            # Tokenizers, processors and configs load through the hub cache, in this process
+            # and in the engine processes it starts; weights follow `download_dir`.
+            os.environ["HF_HUB_CACHE"] = str(settings.hf_cache)
 
     def engine_args(self, card: ModelCard) -> dict[str, Any]:
         """The card's engine arguments with this deployment's settings applied."""

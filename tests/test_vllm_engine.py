@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from app.cards import load_cards
@@ -26,10 +27,12 @@ def test_gpu_engines_split_the_budget_over_the_residency_limit_and_may_sleep():
     assert args["enable_sleep_mode"] is True and args["enforce_eager"] is False
 
 
-def test_local_folders_and_the_cache_replace_downloads():
+def test_local_folders_and_the_cache_replace_downloads(monkeypatch):
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     settings = Settings(gpu_count=1, model_folders={"llava": Path("/models/llava")}, hf_cache=Path("/cache"))
     args = VllmEngineFactory(settings).engine_args(CARDS["llava"])
     assert args["model"] == "/models/llava" and args["download_dir"] == "/cache"
+    assert os.environ["HF_HUB_CACHE"] == "/cache"
     other = VllmEngineFactory(settings).engine_args(CARDS["qwen2_vl"])
     assert other["model"] == "Qwen/Qwen2-VL-7B-Instruct"
 
