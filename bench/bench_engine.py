@@ -47,7 +47,6 @@ from app.engine import EngineManager, SamplingSettings, StreamEnd, TextDelta  # 
 from app.tiny_model import build_tiny_vlm, tiny_card  # noqa: E402
 from app.vllm_engine import VllmEngineFactory, engine_prompt  # noqa: E402
 
-
 ROUNDS = 40
 
 
@@ -64,10 +63,17 @@ class RecordingFactory:
 def question(seed: int) -> list[dict[str, Any]]:
     pixels = np.random.default_rng(seed).integers(0, 255, (224, 224, 3), dtype=np.uint8)
     image = Image.fromarray(pixels)
-    return [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "Describe."}]}]
+    return [
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": image}, {"type": "text", "text": "Describe."}],
+        }
+    ]
 
 
-async def through_manager(manager: EngineManager, key: str, messages: list, sampling: SamplingSettings) -> tuple:
+async def through_manager(
+    manager: EngineManager, key: str, messages: list, sampling: SamplingSettings
+) -> tuple:
     start = time.perf_counter()
     first = None
     async for event in manager.stream(key, messages, sampling):
@@ -79,7 +85,9 @@ async def through_manager(manager: EngineManager, key: str, messages: list, samp
     raise RuntimeError("no end")
 
 
-async def direct(engine: Any, card: Any, messages: list, sampling: SamplingSettings, request_id: str) -> tuple:
+async def direct(
+    engine: Any, card: Any, messages: list, sampling: SamplingSettings, request_id: str
+) -> tuple:
     """The same request on the same `AsyncLLM`, without the manager (prompt rendered here too)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
@@ -119,17 +127,23 @@ async def run(swaps: int, tokens: int) -> None:
 
     start = time.perf_counter()
     await through_manager(manager, "tiny-a", question(0), replace(sampling, max_tokens=1))
-    rows.append(("build tiny-a (first request to first token, cold process)", f"{time.perf_counter() - start:.2f} s"))
+    rows.append(
+        ("build tiny-a (first request to first token, cold process)", f"{time.perf_counter() - start:.2f} s")
+    )
 
     # Concurrency: each level twice, the second timed (warm).
     single = None
     for n in (1, 4, 8, 16):
         for _ in range(2):
             start = time.perf_counter()
-            await asyncio.gather(*(through_manager(manager, "tiny-a", question(i), sampling) for i in range(n)))
+            await asyncio.gather(
+                *(through_manager(manager, "tiny-a", question(i), sampling) for i in range(n))
+            )
             wall = time.perf_counter() - start
         single = single or wall
-        rows.append((f"{n:2d} concurrent streams x {tokens} tokens", f"{wall:.3f} s ({wall / single:.2f}x one)"))
+        rows.append(
+            (f"{n:2d} concurrent streams x {tokens} tokens", f"{wall:.3f} s ({wall / single:.2f}x one)")
+        )
 
     # Manager against direct AsyncLLM, alternating, same engine, same prompt.
     engine, card = factory.engines["tiny-a"], cards["tiny-a"]
@@ -149,7 +163,12 @@ async def run(swaps: int, tokens: int) -> None:
     for name, samples in (("manager", via_manager), ("direct AsyncLLM", via_direct)):
         ttft = statistics.median(s[0] for s in samples)
         per_token = statistics.median((s[1] - s[0]) / max(1, s[2] - 1) for s in samples)
-        rows.append((f"TTFT / per-token, {name} (median of {ROUNDS})", f"{ttft * 1000:.1f} ms / {per_token * 1000:.2f} ms"))
+        rows.append(
+            (
+                f"TTFT / per-token, {name} (median of {ROUNDS})",
+                f"{ttft * 1000:.1f} ms / {per_token * 1000:.2f} ms",
+            )
+        )
     overhead = statistics.median(m[0] for m in via_manager) / statistics.median(d[0] for d in via_direct) - 1
     rows.append(("manager's added time to first token", f"{overhead:+.1%}"))
 
@@ -164,7 +183,12 @@ async def run(swaps: int, tokens: int) -> None:
         if i == 1:
             baseline = tree_rss()
     after = tree_rss()
-    rows.append((f"swap (unload one, build the other, first token), median of {swaps}", f"{statistics.median(swap_times):.2f} s"))
+    rows.append(
+        (
+            f"swap (unload one, build the other, first token), median of {swaps}",
+            f"{statistics.median(swap_times):.2f} s",
+        )
+    )
     rows.append(
         (
             f"process tree after swaps 2..{swaps}",
@@ -184,7 +208,9 @@ async def run(swaps: int, tokens: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--swaps", type=int, default=10)
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
