@@ -417,3 +417,13 @@ def test_a_hanging_worker_is_killed_and_replaced(clip):
         assert decoder.decode(clip, num_frames=2).frames.shape[0] == 2
     finally:
         decoder.close()
+
+
+def test_the_shipped_examples_load_through_the_pipeline():
+    examples = Path(__file__).resolve().parent.parent / "static" / "examples"
+    for name in ("shapes.png", "bar_chart.png"):
+        assert load_image(examples / name).size == (480, 320)
+    frames, metadata, timestamps = load_video(examples / "bouncing_ball.mp4")
+    assert frames.shape == (16, 240, 320, 3) and metadata["total_num_frames"] == 48
+    assert timestamps[-1] == pytest.approx(47 / 12, abs=0.01)
+    assert sum(f.stat().st_size for f in examples.iterdir()) < 200_000
