@@ -392,9 +392,15 @@ class EngineManager:
                         await self._unload(slot, reason="unused for a while")
 
 
+def first_line(error: BaseException) -> str:
+    """An error's first line, or its type's name when it has no message."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def failure_reason(card: ModelCard, error: BaseException) -> str:
     """One line naming the model and the cause."""
-    detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    detail = first_line(error)
     if isinstance(error, EngineError):
         return detail
     return f"{card.display_name} could not be loaded: {detail[:300]}"

@@ -9,6 +9,8 @@ swapping engines can be exercised.
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +72,25 @@ VARIANTS = {
 }
 
 MAX_MODEL_LEN = 4096
+
+
+def use_local_vllm_environment(scratch: Path, environ: MutableMapping[str, str] = os.environ) -> None:
+    """What the tests and benchmarks run vLLM under on these machines; call before importing it.
+
+    Offline, no usage stats, one engine process per engine instead of two (half the start-up
+    time and memory), and vLLM's sockets and caches in `scratch` instead of `/tmp` and home.
+    `VLLM_CPU_KVCACHE_SPACE` is removed because it overrides each engine's own KV cache size.
+    """
+    environ.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        VLLM_RPC_BASE_PATH=str(scratch),
+        VLLM_CACHE_ROOT=str(scratch / "cache"),
+        TORCHINDUCTOR_CACHE_DIR=str(scratch / "inductor"),
+    )
+    environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
 
 
 def build_tiny_vlm(folder: Path, variant: str = "tiny-a", seed: int = 0) -> Path:

@@ -20,7 +20,7 @@ from typing import Any
 from app.adapters import ChatTemplateOwner, PromptError, RenderedPrompt, render
 from app.cards import ModelCard
 from app.config import Settings
-from app.engine import EngineError, EngineFailure, SamplingSettings, StreamEnd, TextDelta
+from app.engine import EngineError, EngineFailure, SamplingSettings, StreamEnd, TextDelta, first_line
 from app.remote_engine import RemoteEngine
 
 log = logging.getLogger(__name__)
@@ -296,9 +296,8 @@ def _causes(error: BaseException) -> list[BaseException]:
 
 
 def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    text = re.sub(r"(?<![\w.])/[\w./-]+", "<path>", text)
-    return text[:300]
+    """The error's first line with file paths hidden, capped for a status line."""
+    return re.sub(r"(?<![\w.])/[\w./-]+", "<path>", first_line(error))[:300]
 
 
 def _folder_bytes(folder: Path) -> int | None:
@@ -321,6 +320,20 @@ def _wait_for_exit(process_ids: list[int], timeout_s: float = 30.0) -> None:
         with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
     psutil.wait_procs(alive, timeout=5)
+
+
+def process_tree_memory() -> tuple[int, int]:
+    """Resident memory of this process and all its children, and how many children: what
+    unloading must give back."""
+    import psutil
+
+    me = psutil.Process()
+    children = me.children(recursive=True)
+    rss = me.memory_info().rss
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            rss += child.memory_info().rss
+    return rss, len(children)
 
 
 def _gpu_total_bytes() -> int:

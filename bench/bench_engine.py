@@ -25,18 +25,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-SCRATCH = Path(tempfile.mkdtemp(prefix="bench-engine-"))
-os.environ.update(
-    HF_HUB_OFFLINE="1",
-    VLLM_NO_USAGE_STATS="1",
-    VLLM_ENABLE_V1_MULTIPROCESSING="0",
-    VLLM_RPC_BASE_PATH=str(SCRATCH),
-    VLLM_CACHE_ROOT=str(SCRATCH / "cache"),
-    TORCHINDUCTOR_CACHE_DIR=str(SCRATCH / "inductor"),
-    VLLM_LOGGING_LEVEL="WARNING",
-)
-os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from app.tiny_model import build_tiny_vlm, tiny_card, use_local_vllm_environment
+
+SCRATCH = Path(tempfile.mkdtemp(prefix="bench-engine-"))
+use_local_vllm_environment(SCRATCH)
+os.environ["VLLM_LOGGING_LEVEL"] = "WARNING"
 
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
@@ -44,8 +38,7 @@ from PIL import Image  # noqa: E402
 
 from app.config import Settings  # noqa: E402
 from app.engine import EngineManager, SamplingSettings, StreamEnd, TextDelta  # noqa: E402
-from app.tiny_model import build_tiny_vlm, tiny_card  # noqa: E402
-from app.vllm_engine import VllmEngineFactory, engine_prompt  # noqa: E402
+from app.vllm_engine import VllmEngineFactory, engine_prompt, process_tree_memory  # noqa: E402
 
 ROUNDS = 40
 
@@ -110,12 +103,6 @@ async def direct(
     return first - start, time.perf_counter() - start, tokens
 
 
-def tree_rss() -> tuple[int, int]:
-    me = psutil.Process()
-    children = me.children(recursive=True)
-    return me.memory_info().rss + sum(c.memory_info().rss for c in children), len(children)
-
-
 async def run(swaps: int, tokens: int) -> None:
     folders = {v: build_tiny_vlm(SCRATCH / v, v) for v in ("tiny-a", "tiny-b")}
     cards = {v: tiny_card(v, folder, v) for v, folder in folders.items()}
@@ -173,7 +160,7 @@ async def run(swaps: int, tokens: int) -> None:
     rows.append(("manager's added time to first token", f"{overhead:+.1%}"))
 
     # Swaps with one engine resident.
-    baseline = tree_rss()
+    baseline = process_tree_memory()
     swap_times = []
     for i in range(swaps):
         key = ("tiny-b", "tiny-a")[i % 2]
@@ -181,8 +168,8 @@ async def run(swaps: int, tokens: int) -> None:
         await through_manager(manager, key, question(i), replace(sampling, max_tokens=1))
         swap_times.append(time.perf_counter() - start)
         if i == 1:
-            baseline = tree_rss()
-    after = tree_rss()
+            baseline = process_tree_memory()
+    after = process_tree_memory()
     rows.append(
         (
             f"swap (unload one, build the other, first token), median of {swaps}",

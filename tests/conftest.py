@@ -7,7 +7,6 @@ variables are set here, before any test module imports vLLM.
 from __future__ import annotations
 
 import asyncio
-import os
 import tempfile
 import threading
 from collections.abc import Coroutine, Iterator
@@ -16,19 +15,9 @@ from typing import Any, TypeVar
 
 import pytest
 
-_VLLM_SCRATCH = Path(tempfile.mkdtemp(prefix="vllm-tests-"))
-os.environ.update(
-    HF_HUB_OFFLINE="1",
-    TRANSFORMERS_OFFLINE="1",
-    VLLM_NO_USAGE_STATS="1",
-    # One engine process per engine instead of two: half the start-up time and memory.
-    VLLM_ENABLE_V1_MULTIPROCESSING="0",
-    VLLM_RPC_BASE_PATH=str(_VLLM_SCRATCH),
-    VLLM_CACHE_ROOT=str(_VLLM_SCRATCH / "cache"),
-    TORCHINDUCTOR_CACHE_DIR=str(_VLLM_SCRATCH / "inductor"),
-)
-# It overrides the engine's KV cache size; the tests size it per engine.
-os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+from app.tiny_model import use_local_vllm_environment
+
+use_local_vllm_environment(Path(tempfile.mkdtemp(prefix="vllm-tests-")))
 
 T = TypeVar("T")
 

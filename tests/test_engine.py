@@ -7,7 +7,6 @@ Random weights print nonsense, so the tests assert on what the pipeline controls
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import time
@@ -34,7 +33,7 @@ from app.engine import (
     TextDelta,
 )
 from app.media import load_video
-from app.vllm_engine import VllmEngineFactory
+from app.vllm_engine import VllmEngineFactory, process_tree_memory
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -75,17 +74,6 @@ async def answer(manager: EngineManager, key: str, messages: list[dict[str, Any]
             assert isinstance(event, StreamEnd)
             result["end"] = event
     return result
-
-
-def tree_memory() -> tuple[int, int]:
-    """Resident memory of this process and all its children, and how many children."""
-    me = psutil.Process()
-    children = me.children(recursive=True)
-    rss = me.memory_info().rss
-    for child in children:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            rss += child.memory_info().rss
-    return rss, len(children)
 
 
 def picture(seed: int, size: int = 96) -> Image.Image:
@@ -307,10 +295,10 @@ def test_twenty_swaps_leave_memory_and_processes_where_they_started(loop, tiny_c
         # processors, vLLM's modules); the baseline is taken after them.
         loop.run(swaps(2), timeout=600)
         loop.run(manager.close())
-        baseline_rss, baseline_children = tree_memory()
+        baseline_rss, baseline_children = process_tree_memory()
         loop.run(swaps(20), timeout=1200)
         loop.run(manager.close())
-        rss, children = tree_memory()
+        rss, children = process_tree_memory()
     finally:
         loop.run(manager.close())
     assert children == baseline_children
