@@ -1,17 +1,24 @@
-"""`python -m app`: for now, the model catalog and what this machine can serve.
+"""`python -m app`: starts VLM Playground in the browser (`--list`: prints the catalog instead).
 
-The browser UI arrives with the Gradio app; until then this command loads and validates every
-model card (a bad card stops it with the file name) and prints the catalog.
+Every model card is loaded and validated first (a bad card stops it with the file name). On a
+machine that can serve none of the catalog (no GPU, no remote engine), tiny random-weight models
+are built locally so that the interface still works; the UI labels them as random weights.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 from pathlib import Path
 
-from app.cards import CardError, ModelCard, load_cards
-from app.config import MemoryBudget, Settings, SettingsError, parse_mapping
+from app.cards import CardError, ModelCard, load_cards, servable_cards
+from app.config import MemoryBudget, Settings, SettingsError, parse_bytes, parse_mapping
+
+# Small, strong models to select at start on a GPU machine, best first.
+PREFERRED_DEFAULTS = ("qwen2_5_vl", "qwen2_vl", "phi3_v", "llava")
+DEMO_VARIANTS = {"demo_tiny_a": "tiny-a", "demo_tiny_b": "tiny-b"}
 
 
 def catalog_rows(cards: dict[str, ModelCard], settings: Settings) -> list[tuple[str, ...]]:
@@ -35,6 +42,15 @@ def settings_from(args: argparse.Namespace) -> Settings:
     folders = parse_pairs(args.model_folder, "--model-folder")
     remote = parse_pairs(args.remote_engine, "--remote-engine")
     return Settings.from_env().with_overrides(
+        host=args.host,
+        port=args.port,
+        share=args.share,
+        models=tuple(k.strip() for k in args.models.split(",") if k.strip()) if args.models else None,
+        demo_models=args.demo_models,
+        demo_dir=args.demo_dir,
+        queue_size=args.queue_size,
+        concurrency=args.concurrency,
+        max_upload_bytes=parse_bytes("--max-upload", args.max_upload, 0) if args.max_upload else None,
         default_model=args.default_model,
         memory_budget=MemoryBudget.parse(args.memory_budget) if args.memory_budget else None,
         max_resident=args.max_resident,
@@ -47,9 +63,93 @@ def settings_from(args: argparse.Namespace) -> Settings:
     )
 
 
+def default_demo_dir() -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "vlm-playground" / "demo-models"
+
+
+def with_demo_models(cards: dict[str, ModelCard], settings: Settings) -> dict[str, ModelCard]:
+    """The catalog, plus the tiny demo models where the settings ask for them or where this
+    machine can serve nothing else. Built once into the demo folder (about a second each)."""
+    servable = servable_cards(
+        offered(cards, settings), settings.gpu_count, settings.allow_remote_code, settings.remote_engines
+    )
+    wanted = settings.demo_models if settings.demo_models is not None else not servable
+    if not wanted:
+        return cards
+    from app.tiny_model import build_tiny_vlm, tiny_card  # torch is imported only here
+
+    folder = settings.demo_dir or default_demo_dir()
+    demo = {
+        key: tiny_card(key, build_tiny_vlm(folder / variant, variant), variant)
+        for key, variant in DEMO_VARIANTS.items()
+    }
+    return demo | cards
+
+
+def offered(cards: dict[str, ModelCard], settings: Settings) -> dict[str, ModelCard]:
+    """The cards the operator offers (APP_MODELS; all when empty), the demo models included."""
+    return {
+        k: c for k, c in cards.items() if not settings.models or k in settings.models or k in DEMO_VARIANTS
+    }
+
+
+def default_model(cards: dict[str, ModelCard], settings: Settings) -> str | None:
+    """The operator's choice, else a small strong model this machine can serve, else a demo model."""
+    if settings.default_model:
+        return settings.default_model
+    servable = servable_cards(cards, settings.gpu_count, settings.allow_remote_code, settings.remote_engines)
+    preferred = [k for k in (*PREFERRED_DEFAULTS, *DEMO_VARIANTS) if k in servable]
+    return next(iter(preferred or servable), None)
+
+
+def serve(cards: dict[str, ModelCard], settings: Settings) -> int:
+    """Builds the manager and the page, and serves until interrupted."""
+    from app.engine import EngineManager
+    from app.media import VideoDecoderPool
+    from app.ui import Playground, launch
+    from app.vllm_engine import VllmEngineFactory
+
+    if settings.gpu_count == 0:
+        from app.tiny_model import use_local_vllm_environment
+
+        use_local_vllm_environment((settings.demo_dir or default_demo_dir()).parent / "vllm")
+    cards = offered(cards, settings)
+    settings = settings.with_overrides(default_model=default_model(cards, settings))
+    manager = EngineManager(cards, settings, VllmEngineFactory(settings))
+    decoder = VideoDecoderPool()
+    playground = Playground(manager, settings, decoder)
+    print(
+        f"VLM Playground on http://{settings.host}:{settings.port} (default model: {settings.default_model})"
+    )
+    try:
+        launch(playground.build(), settings)
+    finally:
+        playground.close()
+        decoder.close()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m app", description=__doc__)
-    parser.add_argument("--available", action="store_true", help="list only servable models")
+    parser.add_argument("--list", action="store_true", help="print the catalog and exit")
+    parser.add_argument("--available", action="store_true", help="with --list: only servable models")
+    web = parser.add_argument_group("web app (each overrides its APP_* variable)")
+    web.add_argument("--host", help="address to listen on (APP_HOST; 0.0.0.0 for every interface)")
+    web.add_argument("--port", type=int, help="port (APP_PORT, default 7860)")
+    web.add_argument("--share", action=argparse.BooleanOptionalAction, help="Gradio share link (APP_SHARE)")
+    web.add_argument("--models", help="comma-separated card keys to offer (APP_MODELS; default all)")
+    web.add_argument(
+        "--demo-models",
+        action=argparse.BooleanOptionalAction,
+        help="offer the tiny random-weight models (APP_DEMO_MODELS; default: when nothing else is servable)",
+    )
+    web.add_argument("--demo-dir", type=Path, help="where the demo models are built (APP_DEMO_DIR)")
+    web.add_argument(
+        "--queue-size", type=int, help="events waiting before new ones are refused (APP_QUEUE_SIZE)"
+    )
+    web.add_argument("--concurrency", type=int, help="answers generated at once per view (APP_CONCURRENCY)")
+    web.add_argument("--max-upload", help="largest upload, e.g. 200MB (APP_MAX_UPLOAD)")
     engines = parser.add_argument_group("engines (each overrides its APP_* variable)")
     engines.add_argument("--default-model", help="card key selected at start (APP_DEFAULT_MODEL)")
     engines.add_argument("--memory-budget", help="GPU fraction (0.9) or bytes (40GiB) (APP_MEMORY_BUDGET)")
@@ -78,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     except (CardError, SettingsError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if not args.list:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        return serve(with_demo_models(cards, settings), settings)
     rows = catalog_rows(cards, settings)
     if args.available:
         rows = [row for row in rows if row[-1] == "yes"]
@@ -86,7 +189,6 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\n{len(cards)} model cards; this machine has {settings.gpu_count} GPU(s), remote code "
         f"{'allowed' if settings.allow_remote_code else 'not allowed'} (APP_ALLOW_REMOTE_CODE)."
-        "\nThe browser UI is not built yet: this command validates and lists the catalog."
     )
     return 0
 

@@ -46,6 +46,39 @@ class LoraAdapter(StrictModel):
     subpath: str
 
 
+class VisualTokens(StrictModel):
+    """How many prompt tokens an image or a video frame becomes, for the size check made before
+    sending. Either a fixed count per image, or one token per `pixels_per_token` pixels of the
+    image clamped to `min_pixels`..`max_pixels` (dynamic-resolution models such as Qwen2-VL).
+    `frames_per_token` > 1 where the model merges consecutive video frames."""
+
+    per_image: int | None = Field(None, ge=1)
+    pixels_per_token: int | None = Field(None, ge=1)
+    min_pixels: int = Field(0, ge=0)
+    max_pixels: int | None = Field(None, ge=1)
+    frames_per_token: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> VisualTokens:
+        if (self.per_image is None) == (self.pixels_per_token is None):
+            raise ValueError("give either per_image or pixels_per_token")
+        return self
+
+    def image_tokens(self, width: int, height: int) -> int:
+        if self.per_image is not None:
+            return self.per_image
+        pixels = max(width * height, self.min_pixels)
+        if self.max_pixels is not None:
+            pixels = min(pixels, self.max_pixels)
+        return -(-pixels // self.pixels_per_token)
+
+
+# Qwen2-VL's processors: one token per 28x28 pixels, two frames merged into one.
+QWEN_PATCH_PIXELS = 28 * 28
+# Models whose card gives no rule: a typical fixed-resolution encoder (LLaVA-style models use 576).
+DEFAULT_IMAGE_TOKENS = 256
+
+
 @dataclass(frozen=True)
 class Availability:
     available: bool
@@ -80,9 +113,13 @@ class ModelCard(StrictModel):
     chat_template_owner: Literal["tokenizer", "processor"] = "tokenizer"
     prompt: dict[str, Any]
     hardware: str
+    # Small enough for vLLM's CPU backend (the demo models): needs no GPU.
+    runs_on_cpu: bool = False
     notes: str = ""
     # An OpenAI-compatible vLLM server (`.../v1`) that serves this model instead of this process.
     remote_url: str | None = None
+    # Tokens per image or frame for the size check; by default derived from the engine arguments.
+    visual_tokens: VisualTokens | None = None
     unsupported_reason: str | None = None
 
     _prompt_spec: Spec = PrivateAttr()
@@ -119,6 +156,27 @@ class ModelCard(StrictModel):
         return dict(self.engine_args.get("limit_mm_per_prompt", {}))
 
     @property
+    def max_model_len(self) -> int | None:
+        value = self.engine_args.get("max_model_len")
+        return int(value) if value is not None else None
+
+    @property
+    def visual_token_rule(self) -> VisualTokens:
+        """The card's own rule, else Qwen's where the processor is given a pixel range, else a
+        fixed typical count."""
+        if self.visual_tokens is not None:
+            return self.visual_tokens
+        kwargs = self.engine_args.get("mm_processor_kwargs") or {}
+        if "max_pixels" in kwargs:
+            return VisualTokens(
+                pixels_per_token=QWEN_PATCH_PIXELS,
+                min_pixels=int(kwargs.get("min_pixels", 4 * QWEN_PATCH_PIXELS)),
+                max_pixels=int(kwargs["max_pixels"]),
+                frames_per_token=2,
+            )
+        return VisualTokens(per_image=DEFAULT_IMAGE_TOKENS)
+
+    @property
     def gpus_needed(self) -> int:
         args = self.engine_args
         return int(args.get("tensor_parallel_size", 1)) * int(args.get("pipeline_parallel_size", 1))
@@ -141,7 +199,7 @@ class ModelCard(StrictModel):
             reasons.append(self.unsupported_reason)
         if remote or self.remote_url:
             return Availability(not reasons, tuple(reasons))
-        if self.gpus_needed > gpu_count:
+        if self.gpus_needed > gpu_count and not (self.runs_on_cpu and gpu_count == 0):
             reasons.append(
                 f"needs {self.gpus_needed} GPUs (tensor_parallel_size); this machine has {gpu_count}"
             )

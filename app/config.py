@@ -46,15 +46,28 @@ class MemoryBudget:
         text = text.strip().lower().replace(" ", "")
         if re.fullmatch(r"0?\.\d+|1(\.0*)?", text):
             return cls(fraction=float(text))
-        match = re.fullmatch(r"(\d+(?:\.\d+)?)([a-z]*)", text)
-        if not match or match.group(2) not in UNITS:
-            raise SettingsError(f"APP_MEMORY_BUDGET={text!r}: write a fraction like 0.9 or bytes like 40GiB")
-        return cls(fraction=None, bytes=int(float(match.group(1)) * UNITS[match.group(2)]))
+        try:
+            return cls(fraction=None, bytes=parse_bytes("APP_MEMORY_BUDGET", text, 0))
+        except SettingsError:
+            raise SettingsError(
+                f"APP_MEMORY_BUDGET={text!r}: write a fraction like 0.9 or bytes like 40GiB"
+            ) from None
 
     def describe(self) -> str:
         if self.bytes is not None:
             return f"{self.bytes / 2**30:.1f} GiB"
         return f"{self.fraction:.0%} of GPU memory"
+
+
+def parse_bytes(name: str, text: str, default: int) -> int:
+    """`200MB`, `1.5GiB` or a plain number of bytes; `default` when empty."""
+    text = text.strip().lower().replace(" ", "")
+    if not text:
+        return default
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([a-z]*)", text)
+    if not match or match.group(2) not in UNITS:
+        raise SettingsError(f"{name}={text!r}: write bytes like 200MB or 1GiB")
+    return int(float(match.group(1)) * UNITS[match.group(2)])
 
 
 def parse_mapping(name: str, text: str) -> dict[str, str]:
@@ -100,6 +113,19 @@ class Settings:
     model_folders: dict[str, Path] = field(default_factory=dict)
     remote_engines: dict[str, str] = field(default_factory=dict)
     hf_cache: Path | None = None
+    # --- the web app ---
+    host: str = "127.0.0.1"
+    port: int = 7860
+    share: bool = False
+    # Card keys offered in the UI (empty: the whole catalog).
+    models: tuple[str, ...] = ()
+    # Tiny random-weight models for trying the interface; None: only when nothing else is servable.
+    demo_models: bool | None = None
+    demo_dir: Path | None = None
+    # Events waiting in the queue before new ones are refused, and answers generated at once per view.
+    queue_size: int = 64
+    concurrency: int = 16
+    max_upload_bytes: int = 200 * 10**6
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -109,6 +135,8 @@ class Settings:
         eager = env.get("APP_ENFORCE_EAGER", "").strip().lower()
         hf_cache = env.get("APP_HF_CACHE")
         budget = env.get("APP_MEMORY_BUDGET", "").strip()
+        demo = env.get("APP_DEMO_MODELS", "").strip().lower()
+        demo_dir = env.get("APP_DEMO_DIR")
         return cls(
             cards_dir=Path(cards_dir) if cards_dir else None,
             allow_remote_code=env.get("APP_ALLOW_REMOTE_CODE", "").strip().lower() in TRUE,
@@ -126,6 +154,17 @@ class Settings:
             },
             remote_engines=parse_mapping("APP_REMOTE_ENGINES", env.get("APP_REMOTE_ENGINES", "")),
             hf_cache=Path(hf_cache) if hf_cache else None,
+            host=env.get("APP_HOST", "").strip() or cls.host,
+            port=int(_number(env, "APP_PORT", cls.port)),
+            share=env.get("APP_SHARE", "").strip().lower() in TRUE,
+            models=tuple(k.strip() for k in env.get("APP_MODELS", "").split(",") if k.strip()),
+            demo_models=(demo in TRUE) if demo else None,
+            demo_dir=Path(demo_dir) if demo_dir else None,
+            queue_size=max(1, int(_number(env, "APP_QUEUE_SIZE", cls.queue_size))),
+            concurrency=max(1, int(_number(env, "APP_CONCURRENCY", cls.concurrency))),
+            max_upload_bytes=parse_bytes(
+                "APP_MAX_UPLOAD", env.get("APP_MAX_UPLOAD", ""), cls.max_upload_bytes
+            ),
         )
 
     def with_overrides(self, **values: Any) -> Settings:
@@ -144,6 +183,7 @@ class Settings:
             "APP_DEFAULT_MODEL": {self.default_model} - {None},
             "APP_MODEL_FOLDERS": set(self.model_folders),
             "APP_REMOTE_ENGINES": set(self.remote_engines),
+            "APP_MODELS": set(self.models),
         }
         for variable, keys in named.items():
             if unknown := sorted(keys - known):

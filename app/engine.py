@@ -207,20 +207,26 @@ class EngineManager:
         self, key: str, messages: Sequence[dict[str, Any]], sampling: SamplingSettings | None = None
     ) -> AsyncIterator[StreamEvent]:
         """Answers the conversation with model `key`: status updates while its engine is not
-        ready, then text deltas as the engine produces them, then one `StreamEnd`.
+        ready (the last one `READY` once it is), then text deltas as the engine produces them,
+        then one `StreamEnd`.
 
         Closing the generator (a stop button, a closed tab) aborts the request in the engine.
         Raises `EngineError` (or the adapters' `PromptError`) with a message for the user.
         """
         slot = self._slot(key)
         self._watch_idle_engines()
+        waited = False
         while not (slot.state is ModelState.READY and slot.engine is not None):
             load = self._start_load(slot)
             while not load.done():
+                waited = True
                 yield self.status(key)
                 await asyncio.wait({load}, timeout=self._progress_interval_s)
             if slot.state is ModelState.FAILED:
                 raise EngineError(slot.reason)
+        if waited:
+            # Marks the moment the wait ended, so that time to first token excludes the load.
+            yield self.status(key)
         engine = slot.engine
         request_id = f"{key}-{next(self._request_ids)}"
         slot.in_flight.add(request_id)

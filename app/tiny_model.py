@@ -14,7 +14,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.cards import ModelCard
+from app.cards import QWEN_PATCH_PIXELS, ModelCard, VisualTokens
 
 SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -72,6 +72,7 @@ VARIANTS = {
 }
 
 MAX_MODEL_LEN = 4096
+MIN_PIXELS, MAX_PIXELS = QWEN_PATCH_PIXELS * 4, QWEN_PATCH_PIXELS * 64
 
 
 def use_local_vllm_environment(scratch: Path, environ: MutableMapping[str, str] = os.environ) -> None:
@@ -129,7 +130,7 @@ def build_tiny_vlm(folder: Path, variant: str = "tiny-a", seed: int = 0) -> Path
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     token_id = tokenizer.convert_tokens_to_ids
-    pixels = {"min_pixels": 28 * 28 * 4, "max_pixels": 28 * 28 * 64}
+    pixels = {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS}
     processor = Qwen2VLProcessor(
         image_processor=Qwen2VLImageProcessor(**pixels),
         video_processor=Qwen2VLVideoProcessor(**pixels),
@@ -205,6 +206,12 @@ def tiny_card(key: str, folder: Path, variant: str = "tiny-a") -> ModelCard:
             "limit_mm_per_prompt": {"image": 4, "video": 1},
         },
         video_metadata=True,
+        visual_tokens=VisualTokens(
+            pixels_per_token=QWEN_PATCH_PIXELS,
+            min_pixels=MIN_PIXELS,
+            max_pixels=MAX_PIXELS,
+            frames_per_token=2,
+        ),
         adapter="format",
         prompt={
             "user": "<|im_start|>user\n{media}{text}<|im_end|>\n",
@@ -216,5 +223,6 @@ def tiny_card(key: str, folder: Path, variant: str = "tiny-a") -> ModelCard:
             "video": "<|vision_start|><|video_pad|><|vision_end|>",
         },
         hardware="Runs anywhere, CPU included: a few MB.",
+        runs_on_cpu=True,
         notes="Random weights: the answers are nonsense. It exists to try the app without a GPU.",
     )

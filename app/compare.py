@@ -1,0 +1,219 @@
+"""One input answered by several models, streamed side by side, and exported.
+
+Models that fit in memory together answer at once; when they do not (more local models than
+`max_resident`), they answer in turn through the same engine manager, and the columns still
+waiting say so. Remote engines never wait for local ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from app.adapters import PromptError
+from app.cards import ModelCard
+from app.conversation import ConversationError
+from app.engine import EngineError, EngineManager, ModelState, ModelStatus, SamplingSettings, StreamEnd
+from app.media import MediaError
+
+MIN_MODELS, MAX_MODELS = 2, 4
+# Errors whose message is written for the user; anything else is a bug and is logged instead.
+USER_ERRORS = (EngineError, PromptError, MediaError, ConversationError)
+
+
+@dataclass
+class Column:
+    """One model's answer and how it went."""
+
+    key: str
+    display_name: str
+    hf_repo: str
+    revision: str | None
+    state: str = "waiting"
+    answer: str = ""
+    error: str = ""
+    finish_reason: str = ""
+    prompt: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    load_s: float | None = None
+    ttft_s: float | None = None
+    tokens_per_s: float | None = None
+
+    def header(self) -> str:
+        facts = [self.state]
+        if self.ttft_s is not None:
+            facts.append(f"first token {self.ttft_s:.2f} s")
+        if self.tokens_per_s is not None:
+            facts.append(f"{self.tokens_per_s:.1f} tok/s")
+        if self.load_s is not None:
+            facts.append(f"loaded in {self.load_s:.0f} s")
+        return " · ".join(facts)
+
+
+@dataclass
+class Comparison:
+    text: str
+    files: list[str]
+    system: str
+    sampling: SamplingSettings
+    columns: list[Column] = field(default_factory=list)
+    started: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+
+
+def plan(
+    cards: Sequence[ModelCard], max_resident: int, remote: Callable[[ModelCard], bool]
+) -> list[list[ModelCard]]:
+    """Groups that run one after another within a group and side by side across groups: all
+    together when the local ones fit in memory at once, else the local ones in one sequence."""
+    local = [card for card in cards if not remote(card)]
+    if len(local) <= max_resident:
+        return [[card] for card in cards]
+    return [local] + [[card] for card in cards if remote(card)]
+
+
+async def run(
+    manager: EngineManager,
+    comparison: Comparison,
+    cards: Sequence[ModelCard],
+    messages_for: Callable[[ModelCard], Any],
+    max_resident: int,
+    remote: Callable[[ModelCard], bool],
+    clock: Callable[[], float] = time.monotonic,
+    refresh_s: float = 0.2,
+) -> AsyncIterator[Comparison]:
+    """Streams every model's answer into `comparison.columns`, yielding it as it changes.
+    `messages_for(card)` is awaited for each model's conversation (frames differ per model).
+    Closing the generator stops every answer in its engine."""
+    comparison.columns = [Column(c.key, c.display_name, c.hf_repo, c.revision) for c in cards]
+    columns = {column.key: column for column in comparison.columns}
+    changed = asyncio.Event()
+
+    async def answer(card: ModelCard) -> None:
+        column = columns[card.key]
+        try:
+            messages = await messages_for(card)
+            column.state = "starting"
+            changed.set()
+            await _stream(manager, card, messages, comparison.sampling, column, changed, clock)
+        except USER_ERRORS as error:
+            column.state, column.error = "failed", str(error)
+        changed.set()
+
+    async def in_turn(group: list[ModelCard]) -> None:
+        for position, card in enumerate(group):
+            for later in group[position + 1 :]:
+                columns[later.key].state = (
+                    f"waiting for {card.display_name} to finish "
+                    f"({max_resident} model{'s' if max_resident > 1 else ''} fit in memory at once)"
+                )
+            changed.set()
+            await answer(card)
+
+    tasks = [asyncio.create_task(in_turn(group)) for group in plan(cards, max_resident, remote)]
+    try:
+        while not all(task.done() for task in tasks):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout=refresh_s)
+            changed.clear()
+            yield comparison
+        yield comparison
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _stream(
+    manager: EngineManager,
+    card: ModelCard,
+    messages: Any,
+    sampling: SamplingSettings,
+    column: Column,
+    changed: asyncio.Event,
+    clock: Callable[[], float],
+) -> None:
+    started = clock()
+    ready_at = started
+    first_token_at: float | None = None
+    async with contextlib.aclosing(manager.stream(card.key, messages, sampling)) as events:
+        async for event in events:
+            now = clock()
+            if isinstance(event, ModelStatus):
+                column.state = event.describe()
+                if event.state is ModelState.READY:
+                    ready_at = now
+                    column.load_s = now - started
+            elif isinstance(event, StreamEnd):
+                column.state = "done" if event.finish_reason != "abort" else "stopped"
+                column.finish_reason = event.finish_reason
+                column.prompt = event.prompt
+                column.prompt_tokens = event.prompt_tokens
+                column.completion_tokens = event.completion_tokens
+                if first_token_at is not None and event.completion_tokens > 1 and now > first_token_at:
+                    column.tokens_per_s = (event.completion_tokens - 1) / (now - first_token_at)
+            else:
+                if first_token_at is None:
+                    first_token_at = now
+                    column.ttft_s = now - ready_at
+                    column.state = "answering"
+                column.answer += event.text
+            changed.set()
+
+
+def to_json(comparison: Comparison) -> str:
+    return json.dumps(asdict(comparison), indent=2, ensure_ascii=False)
+
+
+def to_markdown(comparison: Comparison) -> str:
+    s = comparison.sampling
+    lines = [
+        f"# Comparison of {len(comparison.columns)} models",
+        "",
+        f"- Started: {comparison.started}",
+        f"- Input: {comparison.text!r}",
+        f"- Files: {', '.join(comparison.files) or 'none'}",
+        f"- System prompt: {comparison.system!r}",
+        f"- Sampling: temperature {s.temperature}, top-p {s.top_p}, max tokens {s.max_tokens}, seed {s.seed}",
+    ]
+    for column in comparison.columns:
+        lines += [
+            "",
+            f"## {column.display_name}",
+            "",
+            f"- Repository: {column.hf_repo} (revision {column.revision or 'default branch'})",
+            f"- State: {column.state}" + (f": {column.error}" if column.error else ""),
+            f"- Time to first token: {_seconds(column.ttft_s)}; tokens per second: "
+            f"{_rate(column.tokens_per_s)}; load: {_seconds(column.load_s)}",
+            f"- Tokens: {column.prompt_tokens} in the prompt, {column.completion_tokens} in the answer "
+            f"(finish reason: {column.finish_reason or 'none'})",
+            "",
+            "Prompt:",
+            "",
+            "```text",
+            column.prompt,
+            "```",
+            "",
+            "Answer:",
+            "",
+            column.answer or "(none)",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _seconds(value: float | None) -> str:
+    return f"{value:.2f} s" if value is not None else "n/a"
+
+
+def _rate(value: float | None) -> str:
+    return f"{value:.1f}" if value is not None else "n/a"
+
+
+def remote_keys(cards: Mapping[str, ModelCard], remote_engines: Mapping[str, str]) -> set[str]:
+    return {key for key, card in cards.items() if card.remote_url or key in remote_engines}

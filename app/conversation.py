@@ -1,0 +1,205 @@
+"""One user's conversation: turns with their files, checked before sending, turned into the
+engine's messages.
+
+Nothing here knows about Gradio: the UI hands over the text and file paths of a message, and
+gets back a `Turn` or a `ConversationError` whose message is meant for the user. A refused
+message leaves the conversation as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from app.cards import ModelCard
+from app.media import VideoClip, VideoDecoderPool, load_image
+
+VIDEO_SUFFIXES = {".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi", ".mpeg", ".mpg"}
+THUMBNAIL_SIDE = 160
+# Prompt tokens per turn for role markers and template text, on top of the turn's own text.
+TOKENS_PER_TURN = 8
+CHARS_PER_TOKEN = 4
+
+
+class ConversationError(ValueError):
+    """A message the app refuses before it reaches the engine; the text is meant for the user."""
+
+
+@dataclass
+class Turn:
+    """One exchange: the user's message (files linked into the session's folder) and the answer."""
+
+    text: str
+    images: list[Path] = field(default_factory=list)
+    video: Path | None = None
+    # Thumbnails of the frames the model sees, with each frame's time in seconds.
+    frames: list[tuple[Path, float]] = field(default_factory=list)
+    answer: str = ""
+    model: str = ""
+    # Why the answer ended early ("stopped", "length"), shown with it.
+    ending: str = ""
+
+
+@dataclass
+class Session:
+    """One browser session's conversation and files. `close()` deletes the files; the UI calls it
+    when the session ends, so one user's uploads are never served to another."""
+
+    turns: list[Turn] = field(default_factory=list)
+    # Set by the stop button; the streaming handler checks it at every event.
+    stop_requested: bool = False
+    _folder: Path | None = None
+
+    @property
+    def folder(self) -> Path:
+        if self._folder is None:
+            self._folder = Path(tempfile.mkdtemp(prefix="vlm-playground-session-"))
+        return self._folder
+
+    def keep(self, path: str | Path) -> Path:
+        """A copy of an uploaded file that lives as long as this session (a hard link when the
+        upload is on the same file system)."""
+        source = Path(path)
+        target = self.folder / f"{len(list(self.folder.iterdir())):04d}{source.suffix.lower()}"
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copyfile(source, target)
+        return target
+
+    def close(self) -> None:
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+        self.turns.clear()
+
+
+def is_video(path: str | Path) -> bool:
+    return Path(path).suffix.lower() in VIDEO_SUFFIXES
+
+
+def check_media(card: ModelCard, turns: Sequence[Turn], files: Sequence[str]) -> None:
+    """Refuses media this model cannot take, counting what the conversation already holds."""
+    videos = [f for f in files if is_video(f)]
+    images = [f for f in files if not is_video(f)]
+    limits = card.media_limits
+    for kind, new in (("image", images), ("video", videos)):
+        if not new:
+            continue
+        if kind not in card.modalities:
+            raise ConversationError(f"{card.display_name} does not take {kind}s; it takes {_takes(card)}.")
+        held = sum(len(t.images) if kind == "image" else t.video is not None for t in turns)
+        limit = limits.get(kind, 0)
+        if held + len(new) > limit:
+            already = f" (the conversation already has {held})" if held else ""
+            raise ConversationError(
+                f"{card.display_name} takes at most {limit} {kind}{'s' if limit != 1 else ''} per "
+                f"conversation{already}. Clear the chat to start over with new files."
+            )
+
+
+def _takes(card: ModelCard) -> str:
+    return " and ".join(f"{m}s" for m in card.modalities)
+
+
+async def make_turn(
+    session: Session, text: str, files: Sequence[str], decoder: VideoDecoderPool, video_frames: int
+) -> tuple[Turn, VideoClip | None]:
+    """Keeps and loads a new message's files (after `check_media`); raises `MediaError` for a
+    file that cannot be used, or `ConversationError` for an empty message."""
+    if not text.strip() and not files:
+        raise ConversationError("Write a message or add a file first.")
+    turn = Turn(text=text)
+    clip = None
+    for upload in files:
+        kept = session.keep(upload)
+        if is_video(kept):
+            clip = await asyncio.to_thread(decoder.decode, kept, video_frames)
+            turn.video = kept
+            turn.frames = save_thumbnails(clip, session.folder / f"{kept.stem}-frames")
+        else:
+            await asyncio.to_thread(load_image, kept)  # refuses a bad image now, not mid-answer
+            turn.images.append(kept)
+    return turn, clip
+
+
+def save_thumbnails(clip: VideoClip, folder: Path) -> list[tuple[Path, float]]:
+    folder.mkdir(parents=True, exist_ok=True)
+    thumbnails = []
+    for index, (frame, seconds) in enumerate(zip(clip.frames, clip.timestamps, strict=True)):
+        image = Image.fromarray(frame)
+        image.thumbnail((THUMBNAIL_SIDE, THUMBNAIL_SIDE))
+        path = folder / f"{index:02d}.jpg"
+        image.save(path, quality=80)
+        thumbnails.append((path, float(seconds)))
+    return thumbnails
+
+
+async def engine_messages(
+    turns: Sequence[Turn],
+    system: str,
+    decoder: VideoDecoderPool,
+    video_frames: int,
+    clips: dict[Path, VideoClip] | None = None,
+) -> list[dict[str, Any]]:
+    """The conversation in the engine's message shape; the last turn is the one to answer.
+    `clips` holds videos already decoded for this send."""
+    clips = dict(clips or {})
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system.strip() else []
+    for position, turn in enumerate(turns):
+        parts: list[dict[str, Any]] = []
+        for path in turn.images:
+            parts.append({"type": "image", "image": await asyncio.to_thread(load_image, path)})
+        if turn.video is not None:
+            if turn.video not in clips:
+                clips[turn.video] = await asyncio.to_thread(decoder.decode, turn.video, video_frames)
+            parts.append({"type": "video", "video": clips[turn.video]})
+        parts.append({"type": "text", "text": turn.text})
+        messages.append({"role": "user", "content": parts})
+        if position < len(turns) - 1:
+            messages.append({"role": "assistant", "content": turn.answer})
+    return messages
+
+
+def estimate_prompt_tokens(card: ModelCard, messages: Sequence[dict[str, Any]]) -> int:
+    """About how many tokens the prompt takes: text at ~4 characters a token, images and video
+    frames by the card's visual-token rule. Deliberately not an over-estimate: it refuses only
+    what clearly will not fit, and the engine's own check still stands behind it."""
+    rule = card.visual_token_rule
+    total = 0
+    for message in messages:
+        total += TOKENS_PER_TURN
+        content = message["content"]
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        for part in parts:
+            if part["type"] == "text":
+                total += len(part["text"]) // CHARS_PER_TOKEN
+            elif part["type"] == "image":
+                total += rule.image_tokens(*part["image"].size)
+            elif part["type"] == "video":
+                frames = part["video"].frames
+                height, width = frames.shape[1:3]
+                groups = -(-len(frames) // rule.frames_per_token)
+                total += groups * rule.image_tokens(width, height)
+    return total
+
+
+def check_fits(card: ModelCard, messages: Sequence[dict[str, Any]]) -> int:
+    """The prompt's estimated size; refuses a prompt that will not fit the model's context."""
+    estimate = estimate_prompt_tokens(card, messages)
+    limit = card.max_model_len
+    if limit is not None and estimate >= limit:
+        raise ConversationError(
+            f"This message would make a prompt of about {estimate:,} tokens, more than "
+            f"{card.display_name} takes ({limit:,}). Shorten the text, send fewer or smaller "
+            "files, or clear the chat."
+        )
+    return estimate
