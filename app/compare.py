@@ -16,15 +16,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from app.adapters import PromptError
 from app.cards import ModelCard
-from app.conversation import ConversationError
-from app.engine import EngineError, EngineManager, ModelState, ModelStatus, SamplingSettings, StreamEnd
-from app.media import MediaError
+from app.conversation import user_message
+from app.engine import EngineManager, ModelState, ModelStatus, SamplingSettings, StreamEnd
 
 MIN_MODELS, MAX_MODELS = 2, 4
-# Errors whose message is written for the user; anything else is a bug and is logged instead.
-USER_ERRORS = (EngineError, PromptError, MediaError, ConversationError)
 
 
 @dataclass
@@ -102,8 +98,8 @@ async def run(
             column.state = "starting"
             changed.set()
             await _stream(manager, card, messages, comparison.sampling, column, changed, clock)
-        except USER_ERRORS as error:
-            column.state, column.error = "failed", str(error)
+        except Exception as error:
+            column.state, column.error = "failed", user_message(error)
         changed.set()
 
     async def in_turn(group: list[ModelCard]) -> None:

@@ -9,6 +9,7 @@ message leaves the conversation as it was.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import tempfile
@@ -19,8 +20,12 @@ from typing import Any
 
 from PIL import Image
 
+from app.adapters import PromptError
 from app.cards import ModelCard
-from app.media import VideoClip, VideoDecoderPool, load_image
+from app.engine import EngineError
+from app.media import MediaError, VideoClip, VideoDecoderPool, load_image
+
+log = logging.getLogger(__name__)
 
 VIDEO_SUFFIXES = {".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi", ".mpeg", ".mpg"}
 THUMBNAIL_SIDE = 160
@@ -31,6 +36,20 @@ CHARS_PER_TOKEN = 4
 
 class ConversationError(ValueError):
     """A message the app refuses before it reaches the engine; the text is meant for the user."""
+
+
+# Errors whose message is written for the user; anything else is a bug, logged, not shown.
+USER_ERRORS = (ConversationError, MediaError, PromptError, EngineError)
+INTERNAL_ERROR = "Something went wrong on the server (it has been logged); please try again."
+
+
+def user_message(error: Exception) -> str:
+    """What the user is told about `error`: its own message when it is one of ours, else a
+    generic line (the details, which may hold paths, go to the log only)."""
+    if isinstance(error, USER_ERRORS):
+        return str(error)
+    log.error("unexpected error", exc_info=error)
+    return INTERNAL_ERROR
 
 
 @dataclass
@@ -145,7 +164,7 @@ def save_thumbnails(clip: VideoClip, folder: Path) -> list[tuple[Path, float]]:
 
 async def engine_messages(
     turns: Sequence[Turn],
-    system: str,
+    system: str | None,
     decoder: VideoDecoderPool,
     video_frames: int,
     clips: dict[Path, VideoClip] | None = None,
@@ -153,7 +172,8 @@ async def engine_messages(
     """The conversation in the engine's message shape; the last turn is the one to answer.
     `clips` holds videos already decoded for this send."""
     clips = dict(clips or {})
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system.strip() else []
+    system = (system or "").strip()
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     for position, turn in enumerate(turns):
         parts: list[dict[str, Any]] = []
         for path in turn.images:

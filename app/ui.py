@@ -19,7 +19,7 @@ import gradio as gr
 
 from app import compare
 from app.cards import ModelCard
-from app.compare import USER_ERRORS, Comparison
+from app.compare import Comparison
 from app.config import Settings
 from app.conversation import (
     ConversationError,
@@ -29,6 +29,7 @@ from app.conversation import (
     check_media,
     engine_messages,
     make_turn,
+    user_message,
 )
 from app.engine import EngineManager, ModelState, ModelStatus, SamplingSettings, StreamEnd, TextDelta
 from app.media import VideoDecoderPool
@@ -166,8 +167,13 @@ class Playground:
                 {turn.video: clip} if clip else None,
             )
             estimate = check_fits(card, messages)
-        except USER_ERRORS as error:
-            yield chat_view(session), gr.MultimodalTextbox(value=message), f"⚠️ {error}", gr.skip()
+        except Exception as error:
+            yield (
+                chat_view(session),
+                gr.MultimodalTextbox(value=message),
+                f"⚠️ {user_message(error)}",
+                gr.skip(),
+            )
             return
         session.turns.append(turn)
         yield chat_view(session), gr.MultimodalTextbox(value=None), "", self.size_line(card, estimate, None)
@@ -176,9 +182,14 @@ class Playground:
                 card, session, turn, messages, self.sampling(*sampling), estimate
             ):
                 yield update
-        except USER_ERRORS as error:
+        except Exception as error:
             session.turns.remove(turn)
-            yield chat_view(session), gr.MultimodalTextbox(value=message), f"⚠️ {error}", gr.skip()
+            yield (
+                chat_view(session),
+                gr.MultimodalTextbox(value=message),
+                f"⚠️ {user_message(error)}",
+                gr.skip(),
+            )
 
     async def regenerate(
         self, session: Session, key: str, system: str, *sampling: Any
@@ -196,8 +207,8 @@ class Playground:
             )
             messages = await engine_messages(session.turns, system, self.decoder, card.video_frames)
             estimate = check_fits(card, messages)
-        except USER_ERRORS as error:
-            yield chat_view(session), gr.skip(), f"⚠️ {error}", gr.skip()
+        except Exception as error:
+            yield chat_view(session), gr.skip(), f"⚠️ {user_message(error)}", gr.skip()
             return
         previous = (turn.answer, turn.model, turn.ending)
         turn.answer, turn.ending = "", ""
@@ -206,9 +217,9 @@ class Playground:
                 card, session, turn, messages, self.sampling(*sampling), estimate
             ):
                 yield update
-        except USER_ERRORS as error:
+        except Exception as error:
             turn.answer, turn.model, turn.ending = previous  # the old answer rather than none
-            yield chat_view(session), gr.skip(), f"⚠️ {error}", gr.skip()
+            yield chat_view(session), gr.skip(), f"⚠️ {user_message(error)}", gr.skip()
 
     async def answer(
         self,
@@ -280,8 +291,8 @@ class Playground:
                 )
             session.close()
             turn, clip = await make_turn(session, text, files, self.decoder, cards[0].video_frames)
-        except USER_ERRORS as error:
-            yield *compare_view(None), f"⚠️ {error}", gr.skip(), gr.skip()
+        except Exception as error:
+            yield *compare_view(None), f"⚠️ {user_message(error)}", gr.skip(), gr.skip()
             return
         comparison = Comparison(text, [Path(f).name for f in files], system, self.sampling(*sampling))
 
