@@ -8,6 +8,15 @@ VENV=${VENV:-.venv}
 PY="$VENV/bin/python"
 STAMP="$VENV/.cpu-env-ready"
 
+# The browser tests drive Debian's Chromium through Playwright (Playwright's own browser
+# download is not reachable from these machines).
+if [ ! -x /usr/bin/chromium ]; then
+  SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+  $SUDO apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+  echo "Installed $(/usr/bin/chromium --version 2>/dev/null)"
+fi
+
 if [ -f "$STAMP" ] && cmp -s requirements-cpu.txt "$STAMP"; then
   exit 0
 fi

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +11,6 @@ import yaml
 from app.cards import CARDS_DIR, CardError, load_card, load_cards, servable_cards
 
 CARDS = load_cards()
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_load_cards_defaults_to_the_project_folder_and_keys_by_file_name():
@@ -137,50 +132,6 @@ def test_engine_args_are_arguments_of_the_installed_vllm():
     names = {field.name for field in dataclasses.fields(EngineArgs)}
     for key, card in CARDS.items():
         assert set(card.engine_args) <= names, (key, set(card.engine_args) - names)
-
-
-# --- the command line -----------------------------------------------------------
-
-
-def run_app(*args: str, **env: str) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "APP_GPU_COUNT": "1", **env}
-    return subprocess.run(
-        [sys.executable, "-m", "app", *args],
-        cwd=ROOT,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def test_command_line_lists_the_catalog_with_availability():
-    result = run_app()
-    assert result.returncode == 0, result.stderr
-    assert "62 model cards" in result.stdout
-    assert "qwen2_5_vl" in result.stdout and "needs 8 GPUs" in result.stdout
-    available = run_app("--available")
-    assert "llama4" not in available.stdout and "qwen2_5_vl" in available.stdout
-
-
-def test_command_line_stops_on_a_broken_card_naming_it(tmp_path: Path):
-    shutil.copy(CARDS_DIR / "llava.yaml", tmp_path / "llava.yaml")
-    (tmp_path / "llava.yaml").write_text(
-        (tmp_path / "llava.yaml").read_text(encoding="utf-8") + "surprise: 1\n", encoding="utf-8"
-    )
-    result = run_app(APP_CARDS_DIR=str(tmp_path))
-    assert result.returncode == 2
-    assert "llava.yaml" in result.stderr and "surprise" in result.stderr
-    assert "Traceback" not in result.stderr
-
-
-def test_command_line_flags_override_settings_and_name_unknown_models():
-    remote = run_app("--remote-engine", "qwen2_5_vl=http://gpu-box:8000/v1", "--available")
-    assert remote.returncode == 0, remote.stderr
-    assert "qwen2_5_vl" in remote.stdout
-    typo = run_app("--model-folder", "qwen2_5_vll=/models/q")
-    assert typo.returncode == 2
-    assert "APP_MODEL_FOLDERS names ['qwen2_5_vll']" in typo.stderr and "Traceback" not in typo.stderr
 
 
 def test_video_cards_sample_the_references_frame_count_within_the_decoders_cap(tmp_path: Path):
