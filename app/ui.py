@@ -212,6 +212,7 @@ class Playground:
             return
         previous = (turn.answer, turn.model, turn.ending)
         turn.answer, turn.ending = "", ""
+        yield chat_view(session), gr.skip(), "", self.size_line(card, estimate, None)
         try:
             async for update in self.answer(
                 card, session, turn, messages, self.sampling(*sampling), estimate
@@ -362,7 +363,7 @@ class Playground:
         return demo
 
     def chat_tab(self) -> None:
-        session = gr.State(new_session, time_to_live=SESSION_TTL_S, delete_callback=Session.close)
+        session = gr.State(Session(), time_to_live=SESSION_TTL_S, delete_callback=Session.close)
         labels = [(choice.label, key) for key, choice in self.choices.items()]
         with gr.Row():
             with gr.Column(scale=3):
@@ -383,11 +384,11 @@ class Playground:
                 state = gr.Markdown(self.status_line(self.default_model), elem_id="model-state")
                 panel = gr.Markdown(self.card_panel(self.default_model), elem_id="model-card")
                 system = gr.Textbox(label="System prompt", elem_id="system", placeholder=SYSTEM_HINT)
-                sampling = sampling_controls()
+                sampling = sampling_controls("chat")
         inputs, outputs = [session, model, system, *sampling], [chatbot, box, notice, size]
-        sent = box.submit(self.send, [box, *inputs], outputs, **PRIVATE)
+        sent = box.submit(self.send, [box, *inputs], outputs, show_progress_on=[chatbot], **PRIVATE)
         sent.then(self.status_line, [model], [state], **PRIVATE)
-        regenerate.click(self.regenerate, inputs, outputs, **PRIVATE)
+        regenerate.click(self.regenerate, inputs, outputs, show_progress_on=[chatbot], **PRIVATE)
         stop.click(self.stop, [session], None, concurrency_limit=None, **PRIVATE)
         undo.click(self.undo, [session], [chatbot, box, notice], **PRIVATE)
         clear.click(self.clear, [session], outputs, **PRIVATE)
@@ -397,7 +398,7 @@ class Playground:
         )
 
     def compare_tab(self) -> None:
-        session = gr.State(new_session, time_to_live=SESSION_TTL_S, delete_callback=Session.close)
+        session = gr.State(Session(), time_to_live=SESSION_TTL_S, delete_callback=Session.close)
         servable = [(choice.label, key) for key, choice in self.choices.items() if not choice.reason]
         keys = gr.Dropdown(
             servable,
@@ -422,13 +423,13 @@ class Playground:
             export_md = gr.DownloadButton(
                 "Export Markdown", elem_id="export-md", interactive=False, size="sm"
             )
-        with gr.Accordion("Settings", open=False):
-            system = gr.Textbox(label="System prompt", elem_id="compare-system", placeholder=SYSTEM_HINT)
-            sampling = sampling_controls()
+        system = gr.Textbox(label="System prompt", elem_id="compare-system", placeholder=SYSTEM_HINT)
+        sampling = sampling_controls("compare")
         box.submit(
             self.compare,
             [box, session, keys, system, *sampling],
             [*columns, notice, export_json, export_md],
+            show_progress="hidden",
             **PRIVATE,
         )
         stop.click(self.stop, [session], None, concurrency_limit=None, **PRIVATE)
@@ -454,14 +455,21 @@ def message_box(elem_id: str, placeholder: str) -> gr.MultimodalTextbox:
     )
 
 
-def sampling_controls() -> list[Any]:
+def sampling_controls(prefix: str) -> list[Any]:
     defaults = SamplingSettings()
-    with gr.Accordion("Sampling", open=False):
+    with gr.Accordion("Sampling", open=False, elem_id=f"{prefix}-sampling"):
         return [
             gr.Slider(0.0, 2.0, value=defaults.temperature, step=0.05, label="Temperature"),
             gr.Slider(0.05, 1.0, value=defaults.top_p, step=0.05, label="Top-p"),
-            gr.Slider(16, 4096, value=defaults.max_tokens, step=16, label="Max tokens"),
-            gr.Number(value=None, precision=0, label="Seed (empty: random)"),
+            gr.Slider(
+                16,
+                4096,
+                value=defaults.max_tokens,
+                step=16,
+                label="Max tokens",
+                elem_id=f"{prefix}-max-tokens",
+            ),
+            gr.Number(value=None, precision=0, label="Seed (empty: random)", elem_id=f"{prefix}-seed"),
         ]
 
 
@@ -545,7 +553,3 @@ def launch(demo: gr.Blocks, settings: Settings, block: bool = True) -> gr.Blocks
     )
     return demo
 
-
-def new_session() -> Session:
-    """Each browser session's own conversation (a factory: gr.State calls it per session)."""
-    return Session()

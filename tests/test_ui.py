@@ -1,0 +1,382 @@
+"""The app end to end: the real Gradio server, the real vLLM engine on the tiny models, and
+Debian's Chromium driven by Playwright. Screenshots of the main views go to docs/screenshots/.
+
+One server and one browser serve the whole module; each test opens its own page (its own
+session). The tiny models answer nonsense, so the tests check what the app does around them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from app.cards import load_cards
+from app.config import Settings
+from app.engine import EngineManager
+from app.media import VideoDecoderPool
+from app.tiny_model import tiny_card
+from app.ui import Playground, launch
+from app.vllm_engine import VllmEngineFactory
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "static" / "examples"
+SCREENSHOTS = ROOT / "docs" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+# Without the background-networking flags Chromium keeps dialling Google on a closed network.
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+UPLOAD_LIMIT = 5 * 10**6
+TINY_A, TINY_B = "demo_tiny_a", "demo_tiny_b"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tiny_models: dict[str, Path]) -> Iterator[tuple[Playground, str]]:
+    settings = Settings(
+        gpu_count=0,
+        port=free_port(),
+        max_resident=1,
+        idle_unload_s=0,
+        drain_timeout_s=30,
+        queue_size=16,
+        concurrency=8,
+        max_upload_bytes=UPLOAD_LIMIT,
+    )
+    cards = {
+        TINY_A: tiny_card(TINY_A, tiny_models["tiny-a"], "tiny-a"),
+        TINY_B: tiny_card(TINY_B, tiny_models["tiny-b"], "tiny-b"),
+        **load_cards(),
+    }
+    manager = EngineManager(cards, settings, VllmEngineFactory(settings))
+    decoder = VideoDecoderPool(workers=1)
+    playground = Playground(manager, settings, decoder)
+    demo = launch(playground.build(), settings, block=False)
+    yield playground, f"http://127.0.0.1:{settings.port}/"
+    playground.close()
+    demo.close()
+    decoder.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def open_page(browser: Browser, served: tuple[Playground, str]) -> Iterator[Callable[[], Page]]:
+    """Opens the app in a new browser session (its own cookies, its own conversation)."""
+    contexts = []
+
+    def open_new() -> Page:
+        context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+        contexts.append(context)
+        page = context.new_page()
+        page.set_default_timeout(120_000)
+        page.goto(served[1])
+        page.wait_for_selector("#chat-input textarea")
+        return page
+
+    yield open_new
+    for context in contexts:
+        context.close()
+
+
+@pytest.fixture
+def page(open_page: Callable[[], Page]) -> Page:
+    return open_page()
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def attach(page: Page, box: str, files: list[Path]) -> None:
+    page.set_input_files(f"#{box} input[type=file]", [str(f) for f in files])
+    page.wait_for_function(
+        f"document.querySelectorAll('#{box} button[aria-label=\"Remove file\"]').length >= {len(files)}"
+    )
+
+
+def send(page: Page, text: str, files: list[Path] = (), box: str = "chat-input") -> None:
+    if files:
+        attach(page, box, list(files))
+    page.fill(f"#{box} textarea", text)
+    page.press(f"#{box} textarea", "Enter")
+
+
+def bot_messages(page: Page) -> list[str]:
+    return page.locator("#chat [data-testid=bot]").all_inner_texts()
+
+
+def user_messages(page: Page) -> int:
+    return page.locator("#chat [data-testid=user]").count()
+
+
+def wait_for_answer(page: Page, answers: int = 1, timeout_s: float = 120) -> str:
+    """The `answers`-th answer, once the engine reported its end. Sending shows the estimate
+    alone in the prompt-size line; the engine's own count joins it when the answer ends."""
+    poll(
+        lambda: len(bot_messages(page)) == answers and "engine counted" in page.inner_text("#prompt-size"),
+        timeout_s,
+    )
+    return bot_messages(page)[-1]
+
+
+def warning(page: Page, notice: str = "notice") -> str:
+    """The refusal shown under the input box (empty while there is none)."""
+    text = page.inner_text(f"#{notice}")
+    return text if "⚠️" in text else ""
+
+
+def set_max_tokens(page: Page, prefix: str, tokens: int) -> None:
+    field = page.locator(f"#{prefix}-max-tokens input[type=number]")
+    if not field.is_visible():
+        page.click(f"#{prefix}-sampling button")
+    field.fill(str(tokens))
+    field.press("Enter")
+
+
+def pick(page: Page, dropdown: str, label_part: str) -> None:
+    page.click(f"#{dropdown} input")
+    page.get_by_role("option").filter(has_text=label_part).first.click()
+
+
+def shoot(page: Page, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / name), full_page=True)
+
+
+def poll(condition: Callable[[], Any], timeout_s: float = 30, every_s: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"not true within {timeout_s} s")
+
+
+# --- the chat view ---------------------------------------------------------------------------
+
+
+def test_an_image_question_gets_a_streamed_answer(page: Page):
+    send(page, "What shapes do you see?", [EXAMPLES / "shapes.png"])
+    seen: list[int] = []
+    while "engine counted" not in page.inner_text("#prompt-size"):
+        answers = bot_messages(page)
+        if answers and not answers[-1].startswith("⏳"):
+            seen.append(len(answers[-1]))
+        time.sleep(0.05)
+    final = wait_for_answer(page)
+    partial = {length for length in seen if 0 < length < len(final)}
+    assert len(partial) >= 2, f"the answer arrived in one piece, not streamed: {seen[:20]}"
+    assert page.locator("#chat [data-testid=user] img").count() == 1
+    assert re.search(
+        r"Prompt: about \d+ of 4,096 tokens .*the engine counted \d+", page.inner_text("#prompt-size")
+    )
+    assert "ready" in page.inner_text("#model-state")
+    shoot(page, "chat.png")
+
+
+def test_a_video_turn_shows_the_sampled_frames_with_their_times(page: Page):
+    send(page, "How does the ball move?", [EXAMPLES / "bouncing_ball.mp4"])
+    captions = page.locator("#chat .caption-label")
+    poll(lambda: captions.count() == 16)
+    times = [float(text.removesuffix(" s")) for text in captions.all_inner_texts()]
+    assert times[0] == 0.0 and times == sorted(times) and times[-1] > 3.0
+    wait_for_answer(page)
+    assert page.locator("#chat video").count() == 1
+    shoot(page, "chat-video.png")
+
+
+def test_stop_ends_the_answer_in_the_engine_and_the_chat_goes_on(page: Page, served: tuple[Playground, str]):
+    playground = served[0]
+    set_max_tokens(page, "chat", 4096)
+    send(page, "Tell me a long story.")
+    poll(
+        lambda: (
+            (answers := bot_messages(page)) and len(answers[-1]) > 20 and not answers[-1].startswith("⏳")
+        ),
+        120,
+    )
+    page.click("#stop")
+    poll(lambda: "(stopped)" in bot_messages(page)[-1])
+    poll(lambda: playground.manager.unfinished_requests(TINY_A) == 0, 10)
+    stopped = bot_messages(page)[-1]
+    time.sleep(1)
+    assert bot_messages(page)[-1] == stopped
+    set_max_tokens(page, "chat", 32)
+    send(page, "Go on.")
+    wait_for_answer(page, answers=2)
+    assert len(bot_messages(page)) == 2 and "(stopped)" not in bot_messages(page)[-1]
+
+
+def test_undo_regenerate_and_clear(page: Page):
+    set_max_tokens(page, "chat", 16)
+    send(page, "First question")
+    wait_for_answer(page)
+    send(page, "Second question")
+    wait_for_answer(page, answers=2)
+    assert user_messages(page) == 2
+    page.click("#undo")
+    poll(lambda: user_messages(page) == 1)
+    assert page.input_value("#chat-input textarea") == "Second question"
+    first_answer = bot_messages(page)[0]
+    page.click("#regenerate")
+    # Sampling at temperature 0.7 with no seed: a new answer, not the old one shown again.
+    poll(lambda: bot_messages(page)[0] != first_answer)
+    wait_for_answer(page)
+    assert user_messages(page) == 1 and len(bot_messages(page)) == 1
+    page.click("#clear")
+    poll(lambda: user_messages(page) == 0 and not bot_messages(page))
+
+
+def test_switching_models_shows_the_load_progress_in_the_chat(page: Page):
+    pick(page, "model", "tiny-b")
+    poll(lambda: "tiny-b" in page.inner_text("#model-card"))
+    assert "random weights" in page.inner_text("#model-card")
+    send(page, "Hello, second model.")
+    progress = poll(lambda: next((a for a in bot_messages(page) if a.startswith("⏳")), None), 60)
+    assert re.search(r"is (queued|loading|unloading)", progress)
+    shoot(page, "loading.png")
+    wait_for_answer(page, timeout_s=180)
+    assert not bot_messages(page)[-1].startswith("⏳")
+    poll(lambda: "ready" in page.inner_text("#model-state"), 10)
+
+
+def test_an_unavailable_model_says_why_and_cannot_be_used(page: Page):
+    pick(page, "model", "Qwen2.5-VL 3B Instruct (unavailable)")
+    poll(lambda: "Unavailable here" in page.inner_text("#model-card"))
+    assert "GPU" in page.inner_text("#model-card")
+    send(page, "Hello")
+    notice = poll(lambda: warning(page))
+    assert "cannot be served here" in notice
+    assert user_messages(page) == 0
+    assert page.input_value("#chat-input textarea") == "Hello"
+
+
+def test_a_broken_file_or_an_oversized_prompt_keeps_the_history_and_others_stream(
+    open_page: Callable[[], Page], tmp_path: Path
+):
+    page, other = open_page(), open_page()
+    set_max_tokens(page, "chat", 16)
+    send(page, "A first question")
+    wait_for_answer(page)
+    history = (user_messages(page), bot_messages(page))
+    set_max_tokens(other, "chat", 256)
+    send(other, "Meanwhile, another user asks something.")
+    broken = tmp_path / "holiday.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n but the rest is not a picture")
+    send(page, "What is in this photo?", [broken])
+    notice = poll(lambda: warning(page))
+    assert "image" in notice.lower() and str(tmp_path) not in notice and "Traceback" not in notice
+    assert (user_messages(page), bot_messages(page)) == history
+    assert page.input_value("#chat-input textarea") == "What is in this photo?"
+    page.click("#chat-input button[aria-label='Remove file']")
+    send(page, "word " * 20000)
+    poll(lambda: "tokens" in warning(page))
+    assert (user_messages(page), bot_messages(page)) == history
+    wait_for_answer(other)
+    assert len(bot_messages(other)) == 1 and not bot_messages(other)[0].startswith("⏳")
+    # Each session sees only its own conversation.
+    assert user_messages(other) == 1 and "another user" not in page.inner_text("#chat")
+    shoot(page, "refused.png")
+
+
+# --- the compare view ------------------------------------------------------------------------
+
+
+def test_two_models_compared_side_by_side_and_exported(page: Page, served: tuple[Playground, str]):
+    page.get_by_role("tab", name="Compare").click()
+    pick(page, "compare-models", "tiny-a")
+    pick(page, "compare-models", "tiny-b")
+    set_max_tokens(page, "compare", 32)
+    send(page, "Which shape is on the left?", [EXAMPLES / "shapes.png"], box="compare-input")
+    heads = [page.locator(f"#compare-head-{i}") for i in (0, 1)]
+    waiting = poll(lambda: any("waiting for" in head.inner_text() for head in heads), 60)
+    assert waiting  # the two tiny models do not fit together here (max_resident=1): they take turns
+    poll(lambda: all("tok/s" in head.inner_text() for head in heads), 240)
+    shoot(page, "compare.png")
+    with page.expect_download() as download:
+        page.click("#export-json")
+    exported = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
+    columns = exported["columns"]
+    assert [c["key"] for c in columns] == [TINY_A, TINY_B]
+    assert all(
+        c["state"] == "done" and c["answer"] and c["ttft_s"] > 0 and c["tokens_per_s"] > 0 for c in columns
+    )
+    assert all("<|vision_start|><|image_pad|><|vision_end|>" in c["prompt"] for c in columns)
+    assert exported["sampling"]["max_tokens"] == 32 and exported["files"] == ["shapes.png"]
+    with page.expect_download() as download:
+        page.click("#export-md")
+    markdown = Path(download.value.path()).read_text(encoding="utf-8")
+    assert markdown.count("\n## ") == 2 and "Time to first token" in markdown
+
+
+# --- the API and the public-page defaults ----------------------------------------------------
+
+
+def test_the_chat_api_streams_through_gradio_client(served: tuple[Playground, str]):
+    from gradio_client import Client, handle_file
+    from gradio_client.exceptions import AppError
+
+    client = Client(served[1], verbose=False)
+    assert set(client.view_api(return_format="dict", print_info=False)["named_endpoints"]) == {"/chat"}
+    message = {"text": "Describe the picture.", "files": [handle_file(str(EXAMPLES / "bar_chart.png"))]}
+    job = client.submit(message, TINY_A, "", 0.0, 1.0, 24, 7, api_name="/chat")
+    updates = list(job)
+    assert len(updates) >= 2 and updates[-1] and all(updates[-1].startswith(u) for u in updates)
+    with pytest.raises(AppError, match="cannot be served here"):
+        client.predict({"text": "hi", "files": []}, "qwen2_5_vl", "", 0.7, 1.0, 16, None, api_name="/chat")
+    with pytest.raises(AppError, match="Pick a model"):
+        client.predict({"text": "hi", "files": []}, "/etc/passwd", "", 0.7, 1.0, 16, None, api_name="/chat")
+
+
+def test_public_page_defaults(served: tuple[Playground, str], tmp_path: Path):
+    url = served[1]
+    with httpx.Client(base_url=url, timeout=30) as http:
+        assert http.get("monitoring").status_code in (403, 404)
+        big = tmp_path / "big.png"
+        big.write_bytes(b"\0" * (UPLOAD_LIMIT + 1024))
+        with big.open("rb") as handle:
+            upload = http.post("gradio_api/upload", files={"files": ("big.png", handle, "image/png")})
+        assert upload.status_code == 413
+        # The REST route that would skip the queue is closed.
+        direct = http.post("gradio_api/run/chat", json={"data": [{"text": "hi", "files": []}, TINY_A]})
+        assert direct.status_code != 200 or "error" in direct.text.lower()
+
+
+def test_the_ui_module_imports_no_torch():
+    code = "import sys, app.ui; print(sorted(m for m in ('torch', 'vllm') if m in sys.modules))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
