@@ -156,6 +156,11 @@ class ModelCard(StrictModel):
         return dict(self.engine_args.get("limit_mm_per_prompt", {}))
 
     @property
+    def takes_system_prompt(self) -> bool:
+        """Whether the prompt format has a system prompt (chat templates always do)."""
+        return getattr(self.prompt_spec, "system", "") is not None
+
+    @property
     def max_model_len(self) -> int | None:
         value = self.engine_args.get("max_model_len")
         return int(value) if value is not None else None

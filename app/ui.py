@@ -120,6 +120,8 @@ class Playground:
             f"**Context:** {card.max_model_len or 'model default'} tokens · "
             f"**video frames sampled:** {card.video_frames}",
         ]
+        if not card.takes_system_prompt:
+            lines.append("**No system prompt:** this model's prompt format has none.")
         if not card.multi_turn:
             lines.append("**One turn only:** this model's format has no conversation history.")
         if card.notes:
@@ -127,6 +129,12 @@ class Playground:
         if choice.reason:
             lines.append(f"**Unavailable here:** {choice.reason}")
         return "\n\n".join(lines)
+
+    def picked(self, key: str | None) -> tuple[str, str, gr.Textbox]:
+        choice = self.choices.get(key or "")
+        takes = choice is None or choice.card.takes_system_prompt
+        hint = SYSTEM_HINT if takes else "This model's prompt format has no system prompt"
+        return self.card_panel(key), self.status_line(key), gr.Textbox(interactive=takes, placeholder=hint)
 
     def status_line(self, key: str | None) -> str:
         choice = self.choices.get(key or "")
@@ -157,6 +165,7 @@ class Playground:
         text, files = message.get("text") or "", list(message.get("files") or [])
         try:
             card = self.servable(key)
+            system = system if card.takes_system_prompt else ""
             check_media(card, session.turns, files)
             turn, clip = await make_turn(session, text, files, self.decoder, card.video_frames)
             messages = await engine_messages(
@@ -205,6 +214,7 @@ class Playground:
             check_media(
                 card, session.turns[:-1], [*map(str, turn.images), *([str(turn.video)] if turn.video else [])]
             )
+            system = system if card.takes_system_prompt else ""
             messages = await engine_messages(session.turns, system, self.decoder, card.video_frames)
             estimate = check_fits(card, messages)
         except Exception as error:
@@ -304,7 +314,8 @@ class Playground:
                 if clip is not None and card.video_frames == cards[0].video_frames
                 else None
             )
-            messages = await engine_messages([turn], system, self.decoder, card.video_frames, reuse)
+            own_system = system if card.takes_system_prompt else ""
+            messages = await engine_messages([turn], own_system, self.decoder, card.video_frames, reuse)
             check_fits(card, messages)
             return messages
 
@@ -392,7 +403,7 @@ class Playground:
         stop.click(self.stop, [session], None, concurrency_limit=None, **PRIVATE)
         undo.click(self.undo, [session], [chatbot, box, notice], **PRIVATE)
         clear.click(self.clear, [session], outputs, **PRIVATE)
-        model.change(lambda k: (self.card_panel(k), self.status_line(k)), [model], [panel, state], **PRIVATE)
+        model.change(self.picked, [model], [panel, state, system], **PRIVATE)
         gr.Timer(STATUS_REFRESH_S).tick(
             self.status_line, [model], [state], concurrency_limit=None, show_progress="hidden", **PRIVATE
         )
@@ -552,4 +563,3 @@ def launch(demo: gr.Blocks, settings: Settings, block: bool = True) -> gr.Blocks
         css=CSS,
     )
     return demo
-

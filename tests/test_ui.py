@@ -249,9 +249,11 @@ def test_undo_regenerate_and_clear(page: Page):
     poll(lambda: user_messages(page) == 1)
     assert page.input_value("#chat-input textarea") == "Second question"
     first_answer = bot_messages(page)[0]
+    # The tiny model's random weights answer alike whatever the seed; a longer limit shows that
+    # the answer was made again, with the settings of now.
+    set_max_tokens(page, "chat", 64)
     page.click("#regenerate")
-    # Sampling at temperature 0.7 with no seed: a new answer, not the old one shown again.
-    poll(lambda: bot_messages(page)[0] != first_answer)
+    poll(lambda: len(bot_messages(page)[0]) > len(first_answer))
     wait_for_answer(page)
     assert user_messages(page) == 1 and len(bot_messages(page)) == 1
     page.click("#clear")
