@@ -62,6 +62,8 @@ class Turn:
     # Thumbnails of the frames the model sees, with each frame's time in seconds.
     frames: list[tuple[Path, float]] = field(default_factory=list)
     answer: str = ""
+    # What the user waits for before the first word (the model queued or loading).
+    status: str = ""
     model: str = ""
     # Why the answer ended early ("stopped", "length"), shown with it.
     ending: str = ""

@@ -41,6 +41,7 @@ EXAMPLES = STATIC / "examples"
 STATUS_REFRESH_S = 1.0
 PRIVATE: dict[str, Any] = {"api_visibility": "private"}  # page events, not API endpoints
 SYSTEM_HINT = "Optional; used where the model's prompt format has a system prompt"
+WAITING = "Waiting for the model"
 ENDINGS = {"length": "cut at the token limit", "abort": "stopped"}
 # Files older than this are removed from Gradio's upload cache (checked as often).
 UPLOAD_MAX_AGE_S = 3600
@@ -151,7 +152,7 @@ class Playground:
             temperature=float(temperature),
             top_p=float(top_p),
             max_tokens=int(max_tokens),
-            seed=int(seed) if seed not in (None, "") else None,
+            seed=int(seed) if seed else None,  # 0 or empty: a random seed
         )
 
     # --- chat ------------------------------------------------------------------------------
@@ -248,7 +249,7 @@ class Playground:
             async for event in events:
                 if isinstance(event, ModelStatus):
                     waiting = event.state is not ModelState.READY
-                    turn.answer = f"⏳ {card.display_name} is {event.describe()}" if waiting else ""
+                    turn.status = f"{WAITING}: {card.display_name} is {event.describe()}" if waiting else ""
                 elif isinstance(event, TextDelta):
                     turn.answer += event.text
                 elif isinstance(event, StreamEnd):
@@ -261,7 +262,7 @@ class Playground:
                     )
                     return
                 if session.stop_requested:
-                    turn.answer = "" if turn.answer.startswith("⏳") else turn.answer
+                    turn.status = ""
                     turn.ending = "stopped"
                     break
                 yield chat_view(session), gr.skip(), "", gr.skip()
@@ -356,7 +357,7 @@ class Playground:
             async for update in self.send(message, session, key, system, *sampling):
                 if update[2]:
                     raise gr.Error(update[2].removeprefix("⚠️ "))
-                if session.turns and not session.turns[-1].answer.startswith("⏳"):
+                if session.turns and session.turns[-1].answer:
                     yield session.turns[-1].answer
         finally:
             session.close()
@@ -480,7 +481,7 @@ def sampling_controls(prefix: str) -> list[Any]:
                 label="Max tokens",
                 elem_id=f"{prefix}-max-tokens",
             ),
-            gr.Number(value=None, precision=0, label="Seed (empty: random)", elem_id=f"{prefix}-seed"),
+            gr.Number(value=0, precision=0, label="Seed (0: random)", elem_id=f"{prefix}-seed"),
         ]
 
 
@@ -522,7 +523,7 @@ def chat_view(session: Session) -> list[dict[str, Any]]:
             messages.append({"role": "user", "content": gallery})
         if turn.text:
             messages.append({"role": "user", "content": turn.text})
-        answer = turn.answer + (f"\n\n*({turn.ending})*" if turn.ending else "")
+        answer = (turn.answer or turn.status) + (f"\n\n*({turn.ending})*" if turn.ending else "")
         if answer:
             messages.append({"role": "assistant", "content": answer})
     return messages

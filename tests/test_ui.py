@@ -26,7 +26,7 @@ from app.config import Settings
 from app.engine import EngineManager
 from app.media import VideoDecoderPool
 from app.tiny_model import tiny_card
-from app.ui import Playground, launch
+from app.ui import WAITING, Playground, launch
 from app.vllm_engine import VllmEngineFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -191,7 +191,7 @@ def test_an_image_question_gets_a_streamed_answer(page: Page):
     seen: list[int] = []
     while "engine counted" not in page.inner_text("#prompt-size"):
         answers = bot_messages(page)
-        if answers and not answers[-1].startswith("⏳"):
+        if answers and not answers[-1].startswith(WAITING):
             seen.append(len(answers[-1]))
         time.sleep(0.05)
     final = wait_for_answer(page)
@@ -222,7 +222,7 @@ def test_stop_ends_the_answer_in_the_engine_and_the_chat_goes_on(page: Page, ser
     send(page, "Tell me a long story.")
     poll(
         lambda: (
-            (answers := bot_messages(page)) and len(answers[-1]) > 20 and not answers[-1].startswith("⏳")
+            (answers := bot_messages(page)) and len(answers[-1]) > 20 and not answers[-1].startswith(WAITING)
         ),
         120,
     )
@@ -253,7 +253,7 @@ def test_undo_regenerate_and_clear(page: Page):
     # the answer was made again, with the settings of now.
     set_max_tokens(page, "chat", 64)
     page.click("#regenerate")
-    poll(lambda: len(bot_messages(page)[0]) > len(first_answer))
+    poll(lambda: (answers := bot_messages(page)) and len(answers[0]) > len(first_answer))
     wait_for_answer(page)
     assert user_messages(page) == 1 and len(bot_messages(page)) == 1
     page.click("#clear")
@@ -265,11 +265,11 @@ def test_switching_models_shows_the_load_progress_in_the_chat(page: Page):
     poll(lambda: "tiny-b" in page.inner_text("#model-card"))
     assert "random weights" in page.inner_text("#model-card")
     send(page, "Hello, second model.")
-    progress = poll(lambda: next((a for a in bot_messages(page) if a.startswith("⏳")), None), 60)
+    progress = poll(lambda: next((a for a in bot_messages(page) if a.startswith(WAITING)), None), 60)
     assert re.search(r"is (queued|loading|unloading)", progress)
     shoot(page, "loading.png")
     wait_for_answer(page, timeout_s=180)
-    assert not bot_messages(page)[-1].startswith("⏳")
+    assert not bot_messages(page)[-1].startswith(WAITING)
     poll(lambda: "ready" in page.inner_text("#model-state"), 10)
 
 
@@ -306,7 +306,7 @@ def test_a_broken_file_or_an_oversized_prompt_keeps_the_history_and_others_strea
     poll(lambda: "tokens" in warning(page))
     assert (user_messages(page), bot_messages(page)) == history
     wait_for_answer(other)
-    assert len(bot_messages(other)) == 1 and not bot_messages(other)[0].startswith("⏳")
+    assert len(bot_messages(other)) == 1 and not bot_messages(other)[0].startswith(WAITING)
     # Each session sees only its own conversation.
     assert user_messages(other) == 1 and "another user" not in page.inner_text("#chat")
     shoot(page, "refused.png")
