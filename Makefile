@@ -1,22 +1,32 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# `make run` on a machine with an NVIDIA GPU uses vLLM's CUDA build, in its own environment.
+GPU := $(shell ls /dev/nvidia[0-9]* >/dev/null 2>&1 && echo 1)
 
 .PHONY: env run test lint format
 
 env:
 	bash scripts/setup-cpu-env.sh
 
-run: env
+run:
+ifeq ($(GPU),1)
+	bash scripts/setup-gpu-env.sh
+	.venv-gpu/bin/python -m app
+else
+	bash scripts/setup-cpu-env.sh
 	$(PY) -m app
+endif
 
 test: env
 	$(PY) -m ruff check app tests bench scripts
 	$(PY) -m ruff format --check app tests bench scripts
+	$(VENV)/bin/hadolint Dockerfile
 	$(PY) -m pytest
 
 lint: env
 	$(PY) -m ruff check app tests bench scripts
 	$(PY) -m ruff format --check app tests bench scripts
+	$(VENV)/bin/hadolint Dockerfile
 
 format: env
 	$(PY) -m ruff check --fix app tests bench scripts

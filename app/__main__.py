@@ -23,7 +23,7 @@ DEMO_VARIANTS = {"demo_tiny_a": "tiny-a", "demo_tiny_b": "tiny-b"}
 
 def catalog_rows(cards: dict[str, ModelCard], settings: Settings) -> list[tuple[str, ...]]:
     rows = []
-    for card in sorted(cards.values(), key=lambda c: (c.family, c.display_name)):
+    for card in sorted_cards(cards):
         availability = card.availability(
             settings.gpu_count, settings.allow_remote_code, card.key in settings.remote_engines
         )
@@ -31,6 +31,25 @@ def catalog_rows(cards: dict[str, ModelCard], settings: Settings) -> list[tuple[
         status = "yes" if availability.available else f"no: {availability.reason}"
         rows.append((card.key, card.display_name, card.hf_repo, media, status))
     return rows
+
+
+def catalog_markdown(cards: dict[str, ModelCard]) -> str:
+    """The catalog as the README's table: what each model takes and whether one GPU serves it
+    with the default operator settings (no remote code). `python -m app --list --markdown`."""
+    settings = Settings(gpu_count=1)
+    lines = [
+        "| model | key | repository | media | hardware | on one GPU |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row, card in zip(catalog_rows(cards, settings), sorted_cards(cards), strict=True):
+        key, name, repo, media, status = row
+        cells = [name, f"`{key}`", repo, media, card.hardware, status]
+        lines.append("| " + " | ".join(cell.replace("|", "/").replace("\n", " ") for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def sorted_cards(cards: dict[str, ModelCard]) -> list[ModelCard]:
+    return sorted(cards.values(), key=lambda c: (c.family, c.display_name))
 
 
 def parse_pairs(pairs: list[str] | None, flag: str) -> dict[str, str] | None:
@@ -134,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m app", description=__doc__)
     parser.add_argument("--list", action="store_true", help="print the catalog and exit")
     parser.add_argument("--available", action="store_true", help="with --list: only servable models")
+    parser.add_argument("--markdown", action="store_true", help="with --list: the README's catalog table")
     web = parser.add_argument_group("web app (each overrides its APP_* variable)")
     web.add_argument("--host", help="address to listen on (APP_HOST; 0.0.0.0 for every interface)")
     web.add_argument("--port", type=int, help="port (APP_PORT, default 7860)")
@@ -181,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.list:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return serve(with_demo_models(cards, settings), settings)
+    if args.markdown:
+        print(catalog_markdown(cards), end="")
+        return 0
     rows = catalog_rows(cards, settings)
     if args.available:
         rows = [row for row in rows if row[-1] == "yes"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from app.__main__ import DEMO_VARIANTS, default_model, offered, with_demo_models
+from app.__main__ import DEMO_VARIANTS, catalog_markdown, default_model, offered, with_demo_models
 from app.cards import CARDS_DIR, load_cards
 from app.config import Settings
 
@@ -127,3 +127,17 @@ def test_the_run_command_serves_the_page_with_labelled_demo_models(tmp_path: Pat
     finally:
         app.terminate()
         app.wait(30)
+
+
+def test_the_readme_catalog_table_matches_the_cards():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = readme.split("<!-- catalog:start -->\n")[1].split("<!-- catalog:end -->")[0]
+    assert table == catalog_markdown(CARDS), "run `python -m app --list --markdown` into the README"
+    assert table.count("\n") == len(CARDS) + 2
+
+
+def test_the_readme_shows_each_main_view_from_the_browser_tests():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for view in ("chat.png", "chat-video.png", "loading.png", "compare.png"):
+        assert f"docs/screenshots/{view}" in readme
+        assert (ROOT / "docs" / "screenshots" / view).stat().st_size > 10_000
