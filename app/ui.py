@@ -399,12 +399,12 @@ class Playground:
                 sampling = sampling_controls("chat")
         inputs, outputs = [session, model, system, *sampling], [chatbot, box, notice, size]
         sent = box.submit(self.send, [box, *inputs], outputs, show_progress_on=[chatbot], **PRIVATE)
-        sent.then(self.status_line, [model], [state], **PRIVATE)
+        sent.then(self.status_line, [model], [state], show_progress="hidden", **PRIVATE)
         regenerate.click(self.regenerate, inputs, outputs, show_progress_on=[chatbot], **PRIVATE)
         stop.click(self.stop, [session], None, concurrency_limit=None, **PRIVATE)
         undo.click(self.undo, [session], [chatbot, box, notice], **PRIVATE)
         clear.click(self.clear, [session], outputs, **PRIVATE)
-        model.change(self.picked, [model], [panel, state, system], **PRIVATE)
+        model.change(self.picked, [model], [panel, state, system], show_progress="hidden", **PRIVATE)
         gr.Timer(STATUS_REFRESH_S).tick(
             self.status_line, [model], [state], concurrency_limit=None, show_progress="hidden", **PRIVATE
         )

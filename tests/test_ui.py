@@ -8,7 +8,9 @@ session). The tiny models answer nonsense, so the tests check what the app does 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -56,8 +58,21 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+class RecordingFactory(VllmEngineFactory):
+    """The app's factory, keeping the engines it builds so a test can kill one's process."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.engines: dict[str, Any] = {}
+
+    async def build(self, card: Any, report: Callable[[str], None]) -> Any:
+        engine = await super().build(card, report)
+        self.engines[card.key] = engine
+        return engine
+
+
 @pytest.fixture(scope="module")
-def served(tiny_models: dict[str, Path]) -> Iterator[tuple[Playground, str]]:
+def served(tiny_models: dict[str, Path]) -> Iterator[tuple[Playground, str, RecordingFactory]]:
     settings = Settings(
         gpu_count=0,
         port=free_port(),
@@ -73,11 +88,12 @@ def served(tiny_models: dict[str, Path]) -> Iterator[tuple[Playground, str]]:
         TINY_B: tiny_card(TINY_B, tiny_models["tiny-b"], "tiny-b"),
         **load_cards(),
     }
-    manager = EngineManager(cards, settings, VllmEngineFactory(settings))
+    factory = RecordingFactory(settings)
+    manager = EngineManager(cards, settings, factory)
     decoder = VideoDecoderPool(workers=1)
     playground = Playground(manager, settings, decoder)
     demo = launch(playground.build(), settings, block=False)
-    yield playground, f"http://127.0.0.1:{settings.port}/"
+    yield playground, f"http://127.0.0.1:{settings.port}/", factory
     playground.close()
     demo.close()
     decoder.close()
@@ -92,7 +108,9 @@ def browser() -> Iterator[Browser]:
 
 
 @pytest.fixture
-def open_page(browser: Browser, served: tuple[Playground, str]) -> Iterator[Callable[[], Page]]:
+def open_page(
+    browser: Browser, served: tuple[Playground, str, RecordingFactory]
+) -> Iterator[Callable[[], Page]]:
     """Opens the app in a new browser session (its own cookies, its own conversation)."""
     contexts = []
 
@@ -216,7 +234,9 @@ def test_a_video_turn_shows_the_sampled_frames_with_their_times(page: Page):
     shoot(page, "chat-video.png")
 
 
-def test_stop_ends_the_answer_in_the_engine_and_the_chat_goes_on(page: Page, served: tuple[Playground, str]):
+def test_stop_ends_the_answer_in_the_engine_and_the_chat_goes_on(
+    page: Page, served: tuple[Playground, str, RecordingFactory]
+):
     playground = served[0]
     set_max_tokens(page, "chat", 4096)
     send(page, "Tell me a long story.")
@@ -312,10 +332,35 @@ def test_a_broken_file_or_an_oversized_prompt_keeps_the_history_and_others_strea
     shoot(page, "refused.png")
 
 
+def test_an_engine_failure_mid_answer_keeps_the_conversation_and_the_model_comes_back(
+    page: Page, served: tuple[Playground, str, RecordingFactory]
+):
+    factory = served[2]
+    set_max_tokens(page, "chat", 16)
+    send(page, "A first question")
+    wait_for_answer(page, timeout_s=180)
+    history = (user_messages(page), bot_messages(page))
+    set_max_tokens(page, "chat", 4096)
+    send(page, "Tell me everything.")
+    poll(lambda: (answers := bot_messages(page)) and len(answers) == 2 and len(answers[-1]) > 20, 60)
+    os.kill(factory.engines[TINY_A].process_ids[0], signal.SIGKILL)
+    notice = poll(lambda: warning(page), 30)
+    assert "Traceback" not in notice and "/" not in notice.replace("n/a", "")
+    poll(lambda: (user_messages(page), bot_messages(page)) == history, 10)
+    assert page.input_value("#chat-input textarea") == "Tell me everything."
+    poll(lambda: "stopped unexpectedly" in page.inner_text("#model-state"), 10)
+    set_max_tokens(page, "chat", 16)
+    page.press("#chat-input textarea", "Enter")
+    wait_for_answer(page, answers=2, timeout_s=180)
+    assert user_messages(page) == 2
+
+
 # --- the compare view ------------------------------------------------------------------------
 
 
-def test_two_models_compared_side_by_side_and_exported(page: Page, served: tuple[Playground, str]):
+def test_two_models_compared_side_by_side_and_exported(
+    page: Page, served: tuple[Playground, str, RecordingFactory]
+):
     page.get_by_role("tab", name="Compare").click()
     pick(page, "compare-models", "tiny-a")
     pick(page, "compare-models", "tiny-b")
@@ -345,7 +390,7 @@ def test_two_models_compared_side_by_side_and_exported(page: Page, served: tuple
 # --- the API and the public-page defaults ----------------------------------------------------
 
 
-def test_the_chat_api_streams_through_gradio_client(served: tuple[Playground, str]):
+def test_the_chat_api_streams_through_gradio_client(served: tuple[Playground, str, RecordingFactory]):
     from gradio_client import Client, handle_file
     from gradio_client.exceptions import AppError
 
@@ -361,7 +406,7 @@ def test_the_chat_api_streams_through_gradio_client(served: tuple[Playground, st
         client.predict({"text": "hi", "files": []}, "/etc/passwd", "", 0.7, 1.0, 16, None, api_name="/chat")
 
 
-def test_public_page_defaults(served: tuple[Playground, str], tmp_path: Path):
+def test_public_page_defaults(served: tuple[Playground, str, RecordingFactory], tmp_path: Path):
     url = served[1]
     with httpx.Client(base_url=url, timeout=30) as http:
         assert http.get("monitoring").status_code in (403, 404)
