@@ -68,6 +68,11 @@ class Turn:
     # Why the answer ended early ("stopped", "length"), shown with it.
     ending: str = ""
 
+    @property
+    def files(self) -> list[Path]:
+        """The turn's images, then its video: the order they were sent in."""
+        return [*self.images, *([self.video] if self.video else [])]
+
 
 @dataclass
 class Session:

@@ -42,6 +42,7 @@ STATUS_REFRESH_S = 1.0
 PRIVATE: dict[str, Any] = {"api_visibility": "private"}  # page events, not API endpoints
 SYSTEM_HINT = "Optional; used where the model's prompt format has a system prompt"
 WAITING = "Waiting for the model"
+WARNING = "⚠️ "
 ENDINGS = {"length": "cut at the token limit", "abort": "stopped"}
 # Files older than this are removed from Gradio's upload cache (checked as often).
 UPLOAD_MAX_AGE_S = 3600
@@ -102,7 +103,7 @@ class Playground:
     def servable(self, key: str | None) -> ModelCard:
         """The card for a model a user picked; refuses anything the operator does not serve."""
         choice = self.choices.get(key or "")
-        if choice is None or key not in self.manager.cards:
+        if choice is None:
             raise ConversationError("Pick a model from the list first.")
         if choice.reason:
             raise ConversationError(f"{choice.card.display_name} cannot be served here: {choice.reason}.")
@@ -139,7 +140,7 @@ class Playground:
 
     def status_line(self, key: str | None) -> str:
         choice = self.choices.get(key or "")
-        if choice is None or key not in self.manager.cards:
+        if choice is None:
             return ""
         if choice.reason:
             return "**State:** unavailable"
@@ -155,6 +156,15 @@ class Playground:
             seed=int(seed) if seed else None,  # 0 or empty: a random seed
         )
 
+    async def prompt_for(
+        self, card: ModelCard, turns: list[Turn], system: str | None, clips: dict[Path, Any] | None = None
+    ) -> tuple[list[dict[str, Any]], int]:
+        """The engine's messages for `turns` and their estimated size; refuses what will not
+        fit. The system prompt is dropped for formats without one (its box is disabled there)."""
+        system = system if card.takes_system_prompt else ""
+        messages = await engine_messages(turns, system, self.decoder, card.video_frames, clips)
+        return messages, check_fits(card, messages)
+
     # --- chat ------------------------------------------------------------------------------
 
     async def send(
@@ -166,24 +176,12 @@ class Playground:
         text, files = message.get("text") or "", list(message.get("files") or [])
         try:
             card = self.servable(key)
-            system = system if card.takes_system_prompt else ""
             check_media(card, session.turns, files)
             turn, clip = await make_turn(session, text, files, self.decoder, card.video_frames)
-            messages = await engine_messages(
-                [*session.turns, turn],
-                system,
-                self.decoder,
-                card.video_frames,
-                {turn.video: clip} if clip else None,
-            )
-            estimate = check_fits(card, messages)
+            clips = {turn.video: clip} if clip else None
+            messages, estimate = await self.prompt_for(card, [*session.turns, turn], system, clips)
         except Exception as error:
-            yield (
-                chat_view(session),
-                gr.MultimodalTextbox(value=message),
-                f"⚠️ {user_message(error)}",
-                gr.skip(),
-            )
+            yield chat_view(session), gr.MultimodalTextbox(value=message), refusal(error), gr.skip()
             return
         session.turns.append(turn)
         yield chat_view(session), gr.MultimodalTextbox(value=None), "", self.size_line(card, estimate, None)
@@ -194,12 +192,7 @@ class Playground:
                 yield update
         except Exception as error:
             session.turns.remove(turn)
-            yield (
-                chat_view(session),
-                gr.MultimodalTextbox(value=message),
-                f"⚠️ {user_message(error)}",
-                gr.skip(),
-            )
+            yield chat_view(session), gr.MultimodalTextbox(value=message), refusal(error), gr.skip()
 
     async def regenerate(
         self, session: Session, key: str, system: str, *sampling: Any
@@ -212,14 +205,10 @@ class Playground:
         turn = session.turns[-1]
         try:
             card = self.servable(key)
-            check_media(
-                card, session.turns[:-1], [*map(str, turn.images), *([str(turn.video)] if turn.video else [])]
-            )
-            system = system if card.takes_system_prompt else ""
-            messages = await engine_messages(session.turns, system, self.decoder, card.video_frames)
-            estimate = check_fits(card, messages)
+            check_media(card, session.turns[:-1], [str(path) for path in turn.files])
+            messages, estimate = await self.prompt_for(card, session.turns, system)
         except Exception as error:
-            yield chat_view(session), gr.skip(), f"⚠️ {user_message(error)}", gr.skip()
+            yield chat_view(session), gr.skip(), refusal(error), gr.skip()
             return
         previous = (turn.answer, turn.model, turn.ending)
         turn.answer, turn.ending = "", ""
@@ -231,7 +220,7 @@ class Playground:
                 yield update
         except Exception as error:
             turn.answer, turn.model, turn.ending = previous  # the old answer rather than none
-            yield chat_view(session), gr.skip(), f"⚠️ {user_message(error)}", gr.skip()
+            yield chat_view(session), gr.skip(), refusal(error), gr.skip()
 
     async def answer(
         self,
@@ -275,7 +264,7 @@ class Playground:
         if not session.turns:
             return chat_view(session), gr.skip(), ""
         turn = session.turns.pop()
-        files = [str(p) for p in turn.images] + ([str(turn.video)] if turn.video else [])
+        files = [str(path) for path in turn.files]
         return chat_view(session), gr.MultimodalTextbox(value={"text": turn.text, "files": files}), ""
 
     def clear(self, session: Session) -> tuple[Any, ...]:
@@ -304,20 +293,16 @@ class Playground:
             session.close()
             turn, clip = await make_turn(session, text, files, self.decoder, cards[0].video_frames)
         except Exception as error:
-            yield *compare_view(None), f"⚠️ {user_message(error)}", gr.skip(), gr.skip()
+            yield *compare_view(None), refusal(error), gr.skip(), gr.skip()
             return
         comparison = Comparison(text, [Path(f).name for f in files], system, self.sampling(*sampling))
 
         async def messages_for(card: ModelCard) -> list[dict[str, Any]]:
             check_media(card, [], files)
-            reuse = (
-                {turn.video: clip}
-                if clip is not None and card.video_frames == cards[0].video_frames
-                else None
+            same_frames = clip is not None and card.video_frames == cards[0].video_frames
+            messages, _ = await self.prompt_for(
+                card, [turn], system, {turn.video: clip} if same_frames else None
             )
-            own_system = system if card.takes_system_prompt else ""
-            messages = await engine_messages([turn], own_system, self.decoder, card.video_frames, reuse)
-            check_fits(card, messages)
             return messages
 
         run = compare.run(
@@ -356,7 +341,7 @@ class Playground:
         try:
             async for update in self.send(message, session, key, system, *sampling):
                 if update[2]:
-                    raise gr.Error(update[2].removeprefix("⚠️ "))
+                    raise gr.Error(update[2].removeprefix(WARNING))
                 if session.turns and session.turns[-1].answer:
                     yield session.turns[-1].answer
         finally:
@@ -457,6 +442,11 @@ class Playground:
         trigger.click(self.api_chat, [message, key, system, *sampling], [answer], api_name="chat")
 
 
+def refusal(error: Exception) -> str:
+    """The line shown under the input box when a message is refused or an answer fails."""
+    return WARNING + user_message(error)
+
+
 def message_box(elem_id: str, placeholder: str) -> gr.MultimodalTextbox:
     return gr.MultimodalTextbox(
         elem_id=elem_id,
@@ -508,7 +498,7 @@ def chat_view(session: Session) -> list[dict[str, Any]]:
     """The conversation as the Chatbot shows it: files, video frames with times, answers."""
     messages: list[dict[str, Any]] = []
     for turn in session.turns:
-        for path in [*turn.images, *([turn.video] if turn.video else [])]:
+        for path in turn.files:
             messages.append({"role": "user", "content": {"path": str(path)}})
         if turn.frames:
             gallery = gr.Gallery(
@@ -536,7 +526,7 @@ def compare_view(comparison: Comparison | None) -> list[Any]:
         if index < len(columns):
             column = columns[index]
             head = f"### {column.display_name}\n{column.header()}"
-            body = column.answer or (f"⚠️ {column.error}" if column.error else "…")
+            body = column.answer or (f"{WARNING}{column.error}" if column.error else "…")
             updates += [gr.Column(visible=True), head, body]
         else:
             updates += [gr.Column(visible=False), "", ""]

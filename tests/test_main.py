@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 from app.__main__ import DEMO_VARIANTS, catalog_markdown, default_model, offered, with_demo_models
 from app.cards import CARDS_DIR, load_cards
@@ -88,12 +88,6 @@ def test_a_machine_that_can_serve_nothing_gets_the_demo_models(tmp_path: Path):
     assert not set(DEMO_VARIANTS) & set(with_demo_models(CARDS, remote))
     forced = Settings(gpu_count=0, demo_dir=tmp_path, demo_models=True, remote_engines=remote.remote_engines)
     assert set(DEMO_VARIANTS) <= set(with_demo_models(CARDS, forced))
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.mark.slow

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 from clips import write_video
 from PIL import Image
+from ports import free_port
 
 from app.config import Settings
 from app.engine import EngineError, EngineManager, ModelState, SamplingSettings, StreamEnd, TextDelta
@@ -27,12 +27,6 @@ from app.remote_engine import chat_messages, describe_messages
 from app.vllm_engine import VllmEngineFactory
 
 FIXED = SamplingSettings(temperature=0.0, max_tokens=10, ignore_eos=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def metric(url: str, name: str) -> float:

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
+from ports import free_port
 
 from app.cards import load_cards
 from app.config import Settings
@@ -50,12 +50,6 @@ CHROMIUM_FLAGS = [
 ]
 UPLOAD_LIMIT = 5 * 10**6
 TINY_A, TINY_B = "demo_tiny_a", "demo_tiny_b"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class RecordingFactory(VllmEngineFactory):
@@ -168,6 +162,18 @@ def wait_for_answer(page: Page, answers: int = 1, timeout_s: float = 120) -> str
     return bot_messages(page)[-1]
 
 
+def wait_until_answering(page: Page, answers: int, timeout_s: float) -> None:
+    """Until the `answers`-th answer has words in it (past the waiting text), mid-stream."""
+    poll(
+        lambda: (
+            len(shown := bot_messages(page)) == answers
+            and len(shown[-1]) > 20
+            and not shown[-1].startswith(WAITING)
+        ),
+        timeout_s,
+    )
+
+
 def warning(page: Page, notice: str = "notice") -> str:
     """The refusal shown under the input box (empty while there is none)."""
     text = page.inner_text(f"#{notice}")
@@ -240,12 +246,7 @@ def test_stop_ends_the_answer_in_the_engine_and_the_chat_goes_on(
     playground = served[0]
     set_max_tokens(page, "chat", 4096)
     send(page, "Tell me a long story.")
-    poll(
-        lambda: (
-            (answers := bot_messages(page)) and len(answers[-1]) > 20 and not answers[-1].startswith(WAITING)
-        ),
-        120,
-    )
+    wait_until_answering(page, answers=1, timeout_s=120)
     page.click("#stop")
     poll(lambda: "(stopped)" in bot_messages(page)[-1])
     poll(lambda: playground.manager.unfinished_requests(TINY_A) == 0, 10)
@@ -342,7 +343,7 @@ def test_an_engine_failure_mid_answer_keeps_the_conversation_and_the_model_comes
     history = (user_messages(page), bot_messages(page))
     set_max_tokens(page, "chat", 4096)
     send(page, "Tell me everything.")
-    poll(lambda: (answers := bot_messages(page)) and len(answers) == 2 and len(answers[-1]) > 20, 60)
+    wait_until_answering(page, answers=2, timeout_s=60)
     os.kill(factory.engines[TINY_A].process_ids[0], signal.SIGKILL)
     notice = poll(lambda: warning(page), 30)
     assert "Traceback" not in notice and "/" not in notice.replace("n/a", "")
