@@ -3,6 +3,13 @@
 Every model card is loaded and validated first (a bad card stops it with the file name). On a
 machine that can serve none of the catalog (no GPU, no remote engine), tiny random-weight models
 are built locally so that the interface still works; the UI labels them as random weights.
+
+SIGTERM (how Docker and Hugging Face stop a container) and SIGINT (Ctrl-C) stop it within 30 s
+(`SHUTDOWN_TIMEOUT_S`): answers are cut off, the engines are shut down, then the web server; any
+child process still running is killed and vLLM's socket files left by this run are removed. It
+then exits with code 0 (1 when the engines did not stop by themselves in time). A second signal
+during the stop, or a stop not done in time, ends it at once with code 128 + the signal's number,
+after the same last-resort cleanup.
 """
 
 from __future__ import annotations
@@ -11,14 +18,19 @@ import argparse
 import logging
 import os
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 from app.cards import CardError, ModelCard, load_cards, servable_cards
 from app.config import MemoryBudget, Settings, SettingsError, parse_bytes, parse_mapping
+from app.shutdown import ENGINES_CLOSE_S, Shutdown
 
 # Small, strong models to select at start on a GPU machine, best first.
 PREFERRED_DEFAULTS = ("qwen2_5_vl", "qwen2_vl", "phi3_v", "llava")
 DEMO_VARIANTS = {"demo_tiny_a": "tiny-a", "demo_tiny_b": "tiny-b"}
+
+log = logging.getLogger(__name__)
 
 
 def catalog_rows(cards: dict[str, ModelCard], settings: Settings) -> list[tuple[str, ...]]:
@@ -75,6 +87,10 @@ def settings_from(args: argparse.Namespace) -> Settings:
         max_resident=args.max_resident,
         idle_unload_s=args.idle_unload_s,
         drain_timeout_s=args.drain_timeout_s,
+        quantum_s=args.quantum_s,
+        host_memory_budget=parse_bytes("--host-memory-budget", args.host_memory_budget, 0)
+        if args.host_memory_budget
+        else None,
         enforce_eager=args.eager,
         model_folders={k: Path(v) for k, v in folders.items()} if folders else None,
         remote_engines=remote,
@@ -135,18 +151,40 @@ def serve(cards: dict[str, ModelCard], settings: Settings) -> int:
         use_local_vllm_environment((settings.demo_dir or default_demo_dir()).parent / "vllm")
     cards = offered(cards, settings)
     settings = settings.with_overrides(default_model=default_model(cards, settings))
+    shutdown = Shutdown(Path(os.environ.get("VLLM_RPC_BASE_PATH") or tempfile.gettempdir()))
+    shutdown.install()
     manager = EngineManager(cards, settings, VllmEngineFactory(settings))
     decoder = VideoDecoderPool()
     playground = Playground(manager, settings, decoder)
     print(
         f"VLM Playground on http://{settings.host}:{settings.port} (default model: {settings.default_model})"
     )
+    demo = None
+    engines_stopped = False
     try:
-        launch(playground.build(), settings)
+        demo = launch(playground.build(), settings, block=False, quiet=False)
+        shutdown.wait()
     finally:
-        playground.close()
+        # In this order: the engines need the server's loop, which closing the server ends.
+        try:
+            playground.close(ENGINES_CLOSE_S)
+            engines_stopped = True
+        except TimeoutError:
+            log.warning("the engines did not stop within %s s", ENGINES_CLOSE_S)
+        except Exception:
+            log.exception("stopping the engines failed")
+        if demo is not None:
+            stop_event = getattr(getattr(demo, "app", None), "stop_event", None)
+            if stop_event is not None and playground.loop is not None and playground.loop.is_running():
+                # Gradio sets this asyncio event from this thread in `close`, which does not wake
+                # the server's loop: open pages' heartbeat streams would hold the server 5 s more.
+                playground.loop.call_soon_threadsafe(stop_event.set)
+            demo.close()
         decoder.close()
-    return 0
+        shutdown.reap()
+        if shutdown.since is not None:
+            log.info("stopped %.1f s after the signal", time.monotonic() - shutdown.since)
+    return 0 if engines_stopped else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,12 +211,22 @@ def main(argv: list[str] | None = None) -> int:
     engines = parser.add_argument_group("engines (each overrides its APP_* variable)")
     engines.add_argument("--default-model", help="card key selected at start (APP_DEFAULT_MODEL)")
     engines.add_argument("--memory-budget", help="GPU fraction (0.9) or bytes (40GiB) (APP_MEMORY_BUDGET)")
-    engines.add_argument("--max-resident", type=int, help="engines resident at once (APP_MAX_RESIDENT)")
+    engines.add_argument(
+        "--max-resident", type=int, help="cap on engines awake at once (APP_MAX_RESIDENT; default: by memory)"
+    )
     engines.add_argument(
         "--idle-unload-s", type=float, help="unload engines idle this long (APP_IDLE_UNLOAD_S)"
     )
     engines.add_argument(
         "--drain-timeout-s", type=float, help="swap waits this long for answers (APP_DRAIN_TIMEOUT_S)"
+    )
+    engines.add_argument(
+        "--quantum-s",
+        type=float,
+        help="a model in use keeps the GPU this long while others wait (APP_QUANTUM_S, default 30)",
+    )
+    engines.add_argument(
+        "--host-memory-budget", help="host memory for sleeping engines, e.g. 64GiB (APP_HOST_MEMORY_BUDGET)"
     )
     engines.add_argument(
         "--eager", action=argparse.BooleanOptionalAction, help="eager mode (APP_ENFORCE_EAGER)"

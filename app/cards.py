@@ -106,6 +106,8 @@ class ModelCard(StrictModel):
     stop_tokens: list[str] = []
     stop_on_eos_token: bool = False
     sampling_defaults: dict[str, Any] = {}
+    # Total parameters in billions, where the repository's name does not say (for memory sizing).
+    parameters_b: float | None = Field(None, gt=0)
     video_metadata: bool = False
     # Frames sampled from a video for this model: the references' `--num-frames` default.
     video_frames: int = Field(16, ge=1, le=64)

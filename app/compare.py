@@ -1,8 +1,8 @@
 """One input answered by several models, streamed side by side, and exported.
 
-Models that fit in memory together answer at once; when they do not (more local models than
-`max_resident`), they answer in turn through the same engine manager, and the columns still
-waiting say so. Remote engines never wait for local ones.
+Every model's request goes to the engine manager at once, in column order; its scheduler lets
+models that fit in memory together answer at once and the others in turn (first column first),
+and each waiting column shows what it waits for. Remote engines never wait for local ones.
 """
 
 from __future__ import annotations
@@ -63,24 +63,11 @@ class Comparison:
     started: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
 
-def plan(
-    cards: Sequence[ModelCard], max_resident: int, remote: Callable[[ModelCard], bool]
-) -> list[list[ModelCard]]:
-    """Groups that run one after another within a group and side by side across groups: all
-    together when the local ones fit in memory at once, else the local ones in one sequence."""
-    local = [card for card in cards if not remote(card)]
-    if len(local) <= max_resident:
-        return [[card] for card in cards]
-    return [local] + [[card] for card in cards if remote(card)]
-
-
 async def run(
     manager: EngineManager,
     comparison: Comparison,
     cards: Sequence[ModelCard],
     messages_for: Callable[[ModelCard], Any],
-    max_resident: int,
-    remote: Callable[[ModelCard], bool],
     clock: Callable[[], float] = time.monotonic,
     refresh_s: float = 0.2,
 ) -> AsyncIterator[Comparison]:
@@ -102,17 +89,11 @@ async def run(
             column.state, column.error = "failed", user_message(error)
         changed.set()
 
-    async def in_turn(group: list[ModelCard]) -> None:
-        for position, card in enumerate(group):
-            for later in group[position + 1 :]:
-                columns[later.key].state = (
-                    f"waiting for {card.display_name} to finish "
-                    f"({max_resident} model{'s' if max_resident > 1 else ''} fit in memory at once)"
-                )
-            changed.set()
-            await answer(card)
-
-    tasks = [asyncio.create_task(in_turn(group)) for group in plan(cards, max_resident, remote)]
+    tasks = []
+    for card in cards:
+        tasks.append(asyncio.create_task(answer(card)))
+        # Each request joins the scheduler's line before the next: columns keep their order.
+        await asyncio.sleep(0)
     try:
         while not all(task.done() for task in tasks):
             with contextlib.suppress(TimeoutError):

@@ -101,7 +101,12 @@ class Settings:
     gpu_count: int = 0
     default_model: str | None = None
     memory_budget: MemoryBudget = field(default_factory=MemoryBudget)
-    max_resident: int = 1
+    # An optional cap on engines awake at once; None: as many as fit in the memory budget.
+    max_resident: int | None = None
+    # Seconds a model in use keeps the GPU while another model's requests wait for it.
+    quantum_s: float = 30.0
+    # Host memory for sleeping engines' weights (CUDA sleep mode); None: half the machine's RAM.
+    host_memory_budget: int | None = None
     # Seconds an engine may sit unused before it is unloaded (0: never).
     idle_unload_s: float = 1800.0
     # Seconds a swap waits for answers in flight on the engine it evicts before stopping them.
@@ -143,7 +148,12 @@ class Settings:
             gpu_count=int(gpus) if gpus else detect_gpu_count(env),
             default_model=env.get("APP_DEFAULT_MODEL") or None,
             memory_budget=MemoryBudget.parse(budget) if budget else MemoryBudget(),
-            max_resident=max(1, int(_number(env, "APP_MAX_RESIDENT", 1))),
+            max_resident=max(1, int(_number(env, "APP_MAX_RESIDENT", 1)))
+            if env.get("APP_MAX_RESIDENT", "").strip()
+            else None,
+            quantum_s=_number(env, "APP_QUANTUM_S", cls.quantum_s),
+            host_memory_budget=parse_bytes("APP_HOST_MEMORY_BUDGET", env.get("APP_HOST_MEMORY_BUDGET", ""), 0)
+            or None,
             idle_unload_s=_number(env, "APP_IDLE_UNLOAD_S", cls.idle_unload_s),
             drain_timeout_s=_number(env, "APP_DRAIN_TIMEOUT_S", cls.drain_timeout_s),
             enforce_eager=(eager in TRUE) if eager else None,

@@ -1,10 +1,16 @@
-"""The engine manager: builds engines lazily, streams answers, swaps models within a budget.
+"""The engine manager: builds engines lazily, streams answers, shares the GPU fairly.
 
 One `EngineManager` owns every model's lifecycle. It is given the cards, the settings and an
-engine factory (`app.vllm_engine.VllmEngineFactory` in the app; anything with the same shape in
-tests), and it never imports vLLM or torch itself. Generation is not serialised: each stream
-goes straight to its engine, which batches concurrent requests. Only changes of residency
-(build, wake, sleep, unload) take turns, under one lock.
+engine factory (`app.vllm_engine.VllmEngineFactory` in the app; a simulated GPU in tests and
+benchmarks), and it never imports vLLM or torch itself.
+
+Generation is not serialised: a request for a model that is awake starts at once and its engine
+batches it with the others. Requests for models that are not awake wait in one line; a single
+coordinator task carries out the decisions of `app.scheduler` (load the head of the line, make
+room for it by sleeping or unloading engines, drain engines whose quantum is over, reap idle
+ones), one change of residency at a time. A request holds a lease on its engine from the moment
+it is granted until its answer ends, and only engines without leases are evicted, so an engine
+built for waiting requests always serves them.
 
 All methods run on one asyncio event loop (the app's).
 """
@@ -17,12 +23,15 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
 from app.cards import ModelCard
 from app.config import Settings
+from app.memory import MemoryNeed
+from app.scheduler import Capacity, Decision, Head, Phase, Resident, decide, host_evictions, idle_expired
+from app.scheduler import next_idle_deadline as _next_idle_deadline
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +62,7 @@ class ModelStatus:
     state: ModelState
     phase: str = ""
     elapsed_s: float | None = None
-    # How long the last build of this model took, where known.
+    # How long the last build (or wake) of this model took, where known.
     estimate_s: float | None = None
     reason: str = ""
     in_flight: int = 0
@@ -72,12 +81,37 @@ class ModelStatus:
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    temperature: float = 0.7
-    top_p: float = 1.0
-    max_tokens: int = 512
+    """A request's sampling; `None` takes the model card's `sampling_defaults`, then the app's."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
     seed: int | None = None
     # Fixed-length answers, for benchmarks and tests on random weights.
     ignore_eos: bool = False
+
+    def for_card(self, card: ModelCard | None) -> SamplingSettings:
+        """Every value filled: the user's, else the card's default, else the app's."""
+        given = card.sampling_defaults if card is not None else {}
+        card_defaults = {k: v for k, v in given.items() if k in APP_SAMPLING_DEFAULTS}
+        chosen = {
+            k: v
+            for k, v in (
+                ("temperature", self.temperature),
+                ("top_p", self.top_p),
+                ("max_tokens", self.max_tokens),
+            )
+            if v is not None
+        }
+        return replace(self, **{**APP_SAMPLING_DEFAULTS, **card_defaults, **chosen})
+
+
+APP_SAMPLING_DEFAULTS: dict[str, Any] = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 512}
+
+
+def card_sampling(card: ModelCard) -> SamplingSettings:
+    """The sampling a model starts with in the UI and the API: its card's defaults over the app's."""
+    return SamplingSettings().for_card(card)
 
 
 @dataclass(frozen=True)
@@ -98,7 +132,7 @@ StreamEvent = ModelStatus | TextDelta | StreamEnd
 
 
 class Engine(Protocol):
-    """One model being served: an in-process vLLM engine or a remote server."""
+    """One model being served: an in-process vLLM engine, a remote server or a simulation."""
 
     @property
     def resident(self) -> bool:
@@ -128,28 +162,66 @@ class Engine(Protocol):
 
 
 class EngineFactory(Protocol):
-    async def build(self, card: ModelCard, report: Callable[[str], None]) -> Engine:
-        """Builds the engine for `card`, calling `report` with each phase of the build."""
+    def capacity(self) -> Capacity:
+        """Bytes engines may use on each device and, asleep, in host memory."""
+        ...
+
+    def memory_need(self, card: ModelCard) -> MemoryNeed | None:
+        """The engine's footprint; None where it holds no memory here (a remote server)."""
+        ...
+
+    async def build(self, card: ModelCard, report: Callable[[str], None], devices: tuple[int, ...]) -> Engine:
+        """Builds the engine for `card` on `devices`, calling `report` with each phase."""
         ...
 
 
 @dataclass(eq=False)
 class _Slot:
     card: ModelCard
-    state: ModelState = ModelState.NOT_LOADED
+    need: MemoryNeed | None = None
+    engine: Engine | None = None
+    devices: tuple[int, ...] = ()
+    asleep: bool = False
+    # "loading" or "unloading" while the coordinator changes its residency.
+    activity: str = ""
     phase: str = ""
+    # Why the last build failed (shown until the next attempt).
     reason: str = ""
     since: float = 0.0
-    engine: Engine | None = None
-    load: asyncio.Task[None] | None = None
+    leases: int = 0
     in_flight: set[str] = field(default_factory=set)
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
     last_used: float = 0.0
+    ready_since: float = 0.0
+    # Stops admitting new requests: its quantum is over and another model waits for the GPU.
+    draining: bool = False
+    drain_deadline: float | None = None
+    aborting: bool = False
     last_build_s: float | None = None
 
 
+@dataclass(eq=False)
+class _Ticket:
+    """One request's place in line, then its lease on the engine."""
+
+    slot: _Slot
+    arrived: float
+    granted: asyncio.Event = field(default_factory=asyncio.Event)
+    engine: Engine | None = None
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class _Dead:
+    """An engine that died: it holds its memory until the coordinator has shut it down."""
+
+    key: str
+    need: MemoryNeed
+    devices: tuple[int, ...]
+    engine: Engine
+
+
 class EngineManager:
-    """Every model's engine: built on first use, shared by all users, swapped within a budget."""
+    """Every model's engine: built on first use, shared by all users, scheduled fairly."""
 
     def __init__(
         self,
@@ -160,17 +232,20 @@ class EngineManager:
         progress_interval_s: float = 0.5,
     ) -> None:
         self._slots = {key: _Slot(card) for key, card in cards.items()}
-        for slot in self._slots.values():
-            slot.idle.set()
         self._settings = settings
         self._factory = factory
         self._clock = clock
         self._progress_interval_s = progress_interval_s
-        self._residency = asyncio.Lock()
+        self._line: list[_Ticket] = []
+        self._dead: list[_Dead] = []
+        self._stopping: list[Engine] = []
         self._listeners: list[Callable[[ModelStatus], None]] = []
         self._request_ids = itertools.count()
-        self._idle_watch: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[None]] = set()
+        self._coordinator: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._wait_until: float | None = None
+        self._capacity: Capacity | None = None
+        self._closing = False
 
     # --- what the UI reads -----------------------------------------------------------------
 
@@ -180,19 +255,24 @@ class EngineManager:
 
     def status(self, key: str) -> ModelStatus:
         slot = self._slot(key)
-        busy = slot.state in (ModelState.QUEUED, ModelState.LOADING, ModelState.UNLOADING)
+        state, phase = self._state(slot)
+        elapsed = None
+        if state is ModelState.QUEUED:
+            elapsed = self._clock() - min(t.arrived for t in self._line if t.slot is slot)
+        elif state in (ModelState.LOADING, ModelState.UNLOADING):
+            elapsed = self._clock() - slot.since
         return ModelStatus(
             key=key,
-            state=slot.state,
-            phase=slot.phase,
-            elapsed_s=self._clock() - slot.since if busy else None,
+            state=state,
+            phase=phase,
+            elapsed_s=elapsed,
             estimate_s=slot.last_build_s,
-            reason=slot.reason,
+            reason=slot.reason if state is ModelState.FAILED else "",
             in_flight=len(slot.in_flight),
         )
 
     def subscribe(self, listener: Callable[[ModelStatus], None]) -> Callable[[], None]:
-        """Calls `listener` on every change of any model's state or build phase."""
+        """Calls `listener` on every change of any model's state or phase."""
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
 
@@ -200,6 +280,18 @@ class EngineManager:
         """Requests the model's engine still holds (0 when it is not loaded)."""
         engine = self._slot(key).engine
         return engine.unfinished_requests() if engine is not None else 0
+
+    def engines(self) -> dict[str, tuple[Engine, tuple[int, ...], bool]]:
+        """Every engine that serves or sleeps now, with its devices and whether it sleeps."""
+        return {k: (s.engine, s.devices, s.asleep) for k, s in self._slots.items() if s.engine is not None}
+
+    def engines_held(self) -> list[Engine]:
+        """Every engine the manager still holds: serving, asleep, being stopped, or dead and
+        not yet cleaned up (what must be gone after `close`)."""
+        return [s.engine for s in self._slots.values() if s.engine is not None] + [
+            *self._stopping,
+            *(d.engine for d in self._dead),
+        ]
 
     # --- the core call ---------------------------------------------------------------------
 
@@ -210,55 +302,85 @@ class EngineManager:
         ready (the last one `READY` once it is), then text deltas as the engine produces them,
         then one `StreamEnd`.
 
-        Closing the generator (a stop button, a closed tab) aborts the request in the engine.
-        Raises `EngineError` (or the adapters' `PromptError`) with a message for the user.
+        Closing the generator (a stop button, a closed tab) gives up its place in line or aborts
+        the request in the engine. Raises `EngineError` (or the adapters' `PromptError`) with a
+        message for the user.
         """
         slot = self._slot(key)
-        self._watch_idle_engines()
+        if self._closing:
+            raise EngineError("The app is stopping; try again in a moment.")
+        self._ensure_coordinator()
+        ticket = _Ticket(slot, self._clock())
         waited = False
-        while not (slot.state is ModelState.READY and slot.engine is not None):
-            load = self._start_load(slot)
-            while not load.done():
-                waited = True
-                yield self.status(key)
-                await asyncio.wait({load}, timeout=self._progress_interval_s)
-            if slot.state is ModelState.FAILED:
-                raise EngineError(slot.reason)
-        if waited:
-            # Marks the moment the wait ended, so that time to first token excludes the load.
-            yield self.status(key)
-        engine = slot.engine
-        request_id = f"{key}-{next(self._request_ids)}"
-        slot.in_flight.add(request_id)
-        slot.idle.clear()
         try:
-            async for event in engine.generate(
-                slot.card, messages, sampling or SamplingSettings(), request_id
-            ):
-                yield event
-        except EngineFailure as failure:
-            self._mark_failed(slot, engine, str(failure))
-            raise
+            while True:
+                if not self._admit(ticket):
+                    self._enqueue(ticket)
+                    while not ticket.granted.is_set():
+                        waited = True
+                        yield self.status(key)
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(ticket.granted.wait(), self._progress_interval_s)
+                    if ticket.error is not None:
+                        raise EngineError(ticket.error)
+                engine = ticket.engine
+                if engine is not None and engine is slot.engine and not slot.aborting:
+                    break
+                # Granted just as its engine was being stopped: back in line, same place.
+                self._release(ticket)
+            if waited:
+                # Marks the moment the wait ended, so that time to first token excludes it.
+                yield self.status(key)
+            request_id = f"{key}-{next(self._request_ids)}"
+            slot.in_flight.add(request_id)
+            try:
+                async for event in engine.generate(
+                    slot.card, messages, (sampling or SamplingSettings()).for_card(slot.card), request_id
+                ):
+                    yield event
+            except EngineFailure as failure:
+                self._mark_failed(slot, engine, str(failure))
+                raise
+            finally:
+                slot.in_flight.discard(request_id)
         finally:
-            slot.in_flight.discard(request_id)
-            slot.last_used = self._clock()
-            if not slot.in_flight:
-                slot.idle.set()
+            if ticket in self._line:
+                self._line.remove(ticket)
+                self._publish(slot)
+            self._release(ticket)
 
     async def close(self) -> None:
-        """Shuts every engine down (the app is stopping)."""
-        if self._idle_watch is not None:
-            self._idle_watch.cancel()
-        for slot in self._slots.values():
-            if slot.load is not None:
-                slot.load.cancel()
-        async with self._residency:
+        """Shuts every engine down (the app is stopping, or a test is done with them); the
+        manager can be used again afterwards."""
+        self._closing = True
+        try:
+            if self._coordinator is not None:
+                self._coordinator.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._coordinator
+                self._coordinator = None
+            for ticket in list(self._line):
+                self._fail(ticket, "The app is stopping; try again in a moment.")
+            # Answers under way end ("abort") before their engines go, so no stream hangs.
             for slot in self._slots.values():
+                for request_id in list(slot.in_flight):
+                    if slot.engine is not None:
+                        with contextlib.suppress(Exception):
+                            await slot.engine.abort(request_id)
+            for _ in range(40):
+                if not any(slot.in_flight for slot in self._slots.values()):
+                    break
+                await asyncio.sleep(0.05)
+            for slot in self._slots.values():
+                slot.activity = ""
                 if slot.engine is not None:
-                    await self._unload(slot, reason="the app is stopping")
-        await asyncio.gather(*self._background, return_exceptions=True)
+                    await self._unload(slot, "the app is stopping")
+            while self._dead:
+                await self._bury(self._dead.pop())
+        finally:
+            self._closing = False
 
-    # --- lifecycle -------------------------------------------------------------------------
+    # --- requests: admission, line, leases --------------------------------------------------
 
     def _slot(self, key: str) -> _Slot:
         try:
@@ -266,15 +388,114 @@ class EngineManager:
         except KeyError:
             raise EngineError(f"There is no model {key!r} in this app's catalog.") from None
 
-    def _set(self, slot: _Slot, state: ModelState, phase: str = "", reason: str = "") -> None:
-        if state is not slot.state:
-            slot.since = self._clock()
-        slot.state, slot.phase, slot.reason = state, phase, reason
-        self._publish(slot)
+    def _admitting(self, slot: _Slot) -> bool:
+        return (
+            slot.engine is not None
+            and not slot.asleep
+            and not slot.activity
+            and not slot.draining
+            and not slot.aborting
+        )
 
-    def _set_phase(self, slot: _Slot, phase: str) -> None:
-        slot.phase = phase
-        self._publish(slot)
+    def _admit(self, ticket: _Ticket) -> bool:
+        """Grants a lease at once where the model is awake and admitting."""
+        if not self._admitting(ticket.slot):
+            return False
+        self._grant(ticket)
+        return True
+
+    def _grant(self, ticket: _Ticket) -> None:
+        ticket.slot.leases += 1
+        ticket.engine = ticket.slot.engine
+        ticket.granted.set()
+
+    def _enqueue(self, ticket: _Ticket) -> None:
+        ticket.granted.clear()
+        ticket.engine = None
+        position = next((i for i, t in enumerate(self._line) if t.arrived > ticket.arrived), len(self._line))
+        self._line.insert(position, ticket)
+        self._publish(ticket.slot)
+        self._kick()
+
+    def _release(self, ticket: _Ticket) -> None:
+        if ticket.engine is not None:
+            ticket.slot.leases -= 1
+            ticket.slot.last_used = self._clock()
+            ticket.engine = None
+            self._kick()
+
+    def _fail(self, ticket: _Ticket, reason: str) -> None:
+        if ticket in self._line:
+            self._line.remove(ticket)
+        ticket.error = reason
+        ticket.granted.set()
+
+    def _grant_waiting(self) -> None:
+        for ticket in list(self._line):
+            if self._admitting(ticket.slot):
+                self._line.remove(ticket)
+                self._grant(ticket)
+                self._publish(ticket.slot)
+
+    # --- what the coordinator sees ------------------------------------------------------------
+
+    def _need(self, slot: _Slot) -> MemoryNeed | None:
+        if slot.need is None and not self._is_remote(slot):
+            slot.need = self._factory.memory_need(slot.card)
+        return slot.need
+
+    def _is_remote(self, slot: _Slot) -> bool:
+        return bool(slot.card.remote_url or slot.card.key in self._settings.remote_engines)
+
+    def capacity(self) -> Capacity:
+        if self._capacity is None:
+            capacity = self._factory.capacity()
+            self._capacity = replace(capacity, max_awake=self._settings.max_resident)
+        return self._capacity
+
+    def residents(self) -> list[Resident]:
+        """Every engine that holds memory here, as the policy sees it."""
+        residents = []
+        for slot in self._slots.values():
+            need = self._need(slot)
+            if need is None or (slot.engine is None and not slot.activity):
+                continue
+            if slot.engine is not None and not slot.engine.resident:
+                continue
+            phase = Phase.BUSY if slot.activity else Phase.ASLEEP if slot.asleep else Phase.AWAKE
+            can_sleep = slot.engine is not None and slot.engine.can_sleep
+            residents.append(
+                Resident(
+                    slot.card.key,
+                    need,
+                    slot.devices,
+                    phase,
+                    slot.leases,
+                    slot.last_used,
+                    slot.ready_since,
+                    can_sleep,
+                )
+            )
+        residents += [Resident(f"{d.key} (stopped)", d.need, d.devices, Phase.BUSY) for d in self._dead]
+        return residents
+
+    def _state(self, slot: _Slot) -> tuple[ModelState, str]:
+        if slot.activity == "loading":
+            return ModelState.LOADING, slot.phase
+        if slot.activity == "unloading":
+            return ModelState.UNLOADING, slot.phase
+        if slot.engine is not None and not slot.asleep:
+            return (
+                ModelState.READY,
+                "finishing its answers, then giving others a turn" if slot.draining else "",
+            )
+        if any(t.slot is slot for t in self._line):
+            return ModelState.QUEUED, slot.phase or "waiting for its turn to load"
+        if slot.engine is not None:
+            return ModelState.SLEEPING, ""
+        if slot.reason:
+            return ModelState.FAILED, ""
+        return ModelState.NOT_LOADED, ""
 
     def _publish(self, slot: _Slot) -> None:
         status = self.status(slot.card.key)
@@ -284,118 +505,277 @@ class EngineManager:
             except Exception:
                 log.exception("a status listener failed")
 
-    def _start_load(self, slot: _Slot) -> asyncio.Task[None]:
-        """The model's load in progress, or a new one: simultaneous requests share one build."""
-        if slot.load is None:
-            if slot.state in (ModelState.NOT_LOADED, ModelState.FAILED, ModelState.SLEEPING):
-                self._set(slot, ModelState.QUEUED, "waiting for its turn to load")
-            slot.load = asyncio.create_task(self._load(slot))
-        return slot.load
+    def _set_activity(self, slot: _Slot, activity: str, phase: str = "") -> None:
+        slot.activity, slot.phase, slot.since = activity, phase, self._clock()
+        self._publish(slot)
 
-    async def _load(self, slot: _Slot) -> None:
+    def _set_phase(self, slot: _Slot, phase: str) -> None:
+        if phase != slot.phase:
+            slot.phase = phase
+            self._publish(slot)
+
+    # --- the coordinator ------------------------------------------------------------------------
+
+    def _kick(self) -> None:
+        self._wake.set()
+
+    def _ensure_coordinator(self) -> None:
+        """Starts the coordinator, or restarts it if it ever ended (it must not)."""
+        task = self._coordinator
+        if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
+            log.error("the engine coordinator ended; restarting it", exc_info=task.exception())
+        if task is None or task.done():
+            self._coordinator = asyncio.create_task(self._coordinate(), name="engine-coordinator")
+
+    async def _coordinate(self) -> None:
+        # `close` also cancels this task, but Python 3.11's `wait_for` can swallow a cancel
+        # that arrives as its wait ends: the flag makes the loop end anyway.
+        while not self._closing:
+            self._wake.clear()
+            try:
+                acted = await self._step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # One failed step must not stop scheduling: log it and look again shortly.
+                log.exception("the engine coordinator's step failed")
+                acted = False
+                self._wait_until = self._clock() + 1.0
+            if acted:
+                continue
+            timeout = self._next_timer()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _next_timer(self) -> float | None:
+        now = self._clock()
+        times = [s.drain_deadline for s in self._slots.values() if s.drain_deadline and not s.aborting]
+        if self._wait_until is not None:
+            times.append(self._wait_until)
+        idle = _next_idle_deadline(self.residents(), self._settings.idle_unload_s)
+        if idle is not None:
+            times.append(idle)
+        return max(0.0, min(times) - now) if times else None
+
+    async def _step(self) -> bool:
+        """One decision and its action; False when there is nothing to do until a change."""
+        self._wait_until = None
+        if self._dead:
+            await self._bury(self._dead.pop())
+            return True
+        self._grant_waiting()
+        now = self._clock()
+        waiting_keys = {t.slot.card.key for t in self._line}
+        for key in idle_expired(self.residents(), self._settings.idle_unload_s, now):
+            slot = self._slots.get(key)
+            if slot is not None and key not in waiting_keys and not slot.leases:
+                await self._unload(slot, "unused for a while")
+                return True
+        for ticket in self._line:
+            slot = ticket.slot
+            if self._need(slot) is None and slot.engine is None:
+                # A remote server holds no memory here: it does not wait for the GPU.
+                await self._load(slot, ())
+                return True
+        head = next((t for t in self._line if not self._admitting(t.slot)), None)
+        if head is None:
+            self._set_draining(set())
+            return False
+        slot = head.slot
+        need = self._need(slot)
+        if need is None:
+            return False
+        asleep_on = slot.devices if slot.asleep and slot.engine is not None else None
+        decision = decide(
+            Head(slot.card.key, need, head.arrived, asleep_on),
+            self.residents(),
+            self.capacity(),
+            self._settings.quantum_s,
+            now,
+        )
+        self._set_draining(set(decision.drain))
+        self._describe_line(slot, decision)
+        if decision.action == "load":
+            await self._load(slot, decision.devices)
+            return True
+        if decision.action == "refuse":
+            reason = f"{slot.card.display_name} cannot be loaded here: it {decision.reason}."
+            slot.reason = reason
+            for ticket in [t for t in self._line if t.slot is slot]:
+                self._fail(ticket, reason)
+            self._publish(slot)
+            return True
+        if decision.evict:
+            eviction = decision.evict[0]
+            await self._evict(self._slots[eviction.key], eviction.sleep, slot)
+            return True
+        if decision.action == "wait":
+            self._wait_until = decision.until
+            return False
+        return await self._abort_overdue()
+
+    def _set_draining(self, keys: set[str]) -> None:
+        now = self._clock()
+        for key, slot in self._slots.items():
+            draining = key in keys
+            if draining and slot.drain_deadline is None:
+                slot.drain_deadline = now + self._settings.drain_timeout_s
+            if not draining:
+                slot.drain_deadline = None
+            if draining != slot.draining:
+                slot.draining = draining
+                self._publish(slot)
+        self._grant_waiting()
+
+    async def _abort_overdue(self) -> bool:
+        """Past the drain time, the draining engines' answers are stopped (each ends "abort")."""
+        now = self._clock()
+        acted = False
+        for slot in self._slots.values():
+            if slot.draining and not slot.aborting and slot.drain_deadline and now >= slot.drain_deadline:
+                slot.aborting = True
+                engine = slot.engine
+                for request_id in list(slot.in_flight):
+                    if engine is not None:
+                        with contextlib.suppress(Exception):
+                            await engine.abort(request_id)
+                acted = True
+        return acted
+
+    def _describe_line(self, head: _Slot, decision: Decision) -> None:
+        name = head.card.display_name
+        for slot in {t.slot for t in self._line}:
+            if slot is not head:
+                self._set_phase(slot, f"in line behind {name}")
+        busy = [self._slots[k] for k in (*decision.drain, *decision.blocking) if k in self._slots]
+        if busy:
+            answers = sum(s.leases for s in busy)
+            names = ", ".join(s.card.display_name for s in busy)
+            self._set_phase(head, f"waiting for {answers} answer(s) on {names} to finish")
+        elif decision.action == "wait":
+            self._set_phase(head, "waiting for memory being freed")
+
+    # --- changes of residency ---------------------------------------------------------------------
+
+    async def _load(self, slot: _Slot, devices: tuple[int, ...]) -> None:
+        """Wakes or builds `slot`'s engine, then grants every request waiting for it."""
+        started = self._clock()
+        slot.reason = ""
+        if slot.engine is None:
+            slot.devices = devices
+        waking = slot.engine is not None and slot.asleep
+        self._set_activity(slot, "loading", "waking from sleep" if waking else "starting")
         try:
-            async with self._residency:
-                started = self._clock()
-                await self._make_room(slot)
-                if slot.engine is not None and slot.state is not ModelState.READY:
-                    self._set(slot, ModelState.LOADING, "waking from sleep")
+            if waking and slot.engine is not None:
+                try:
                     await slot.engine.wake()
-                elif slot.engine is None:
-                    self._set(slot, ModelState.LOADING, "starting")
-                    slot.engine = await self._factory.build(slot.card, lambda p: self._set_phase(slot, p))
-                slot.last_build_s = self._clock() - started
-                slot.last_used = self._clock()
-                self._set(slot, ModelState.READY)
+                    slot.asleep = False
+                except Exception:
+                    log.exception("waking %s failed; rebuilding it", slot.card.key)
+                    self._set_phase(slot, "waking failed; rebuilding")
+                    engine, slot.engine, slot.asleep = slot.engine, None, False
+                    with contextlib.suppress(Exception):
+                        await engine.shutdown()
+            if slot.engine is None:
+                slot.engine = await self._factory.build(
+                    slot.card, lambda phase: self._set_phase(slot, phase), slot.devices
+                )
+                slot.asleep = False
+            now = self._clock()
+            slot.last_build_s = now - started
+            slot.ready_since = slot.last_used = now
+            slot.draining = slot.aborting = False
+            slot.drain_deadline = None
         except asyncio.CancelledError:
-            self._set(slot, ModelState.NOT_LOADED)
+            self._set_activity(slot, "")
             raise
         except Exception as error:
             log.exception("loading %s failed", slot.card.key)
-            self._set(slot, ModelState.FAILED, reason=failure_reason(slot.card, error))
-        finally:
-            slot.load = None
-
-    def _resident(self, besides: _Slot) -> list[_Slot]:
-        return [
-            s
-            for s in self._slots.values()
-            if s is not besides and s.engine is not None and s.engine.resident and s.state is ModelState.READY
-        ]
-
-    async def _make_room(self, slot: _Slot) -> None:
-        """Evicts least recently used engines (idle ones first) until `slot` fits."""
-        if slot.card.remote_url or slot.card.key in self._settings.remote_engines:
+            slot.engine, slot.asleep = None, False
+            slot.reason = failure_reason(slot.card, error)
+            self._set_activity(slot, "")
+            for ticket in [t for t in self._line if t.slot is slot]:
+                self._fail(ticket, slot.reason)
+            self._publish(slot)
             return
-        while len(resident := self._resident(slot)) >= self._settings.max_resident:
-            victim = min(resident, key=lambda s: (bool(s.in_flight), s.last_used))
-            await self._evict(victim, slot)
+        self._set_activity(slot, "")
+        self._grant_waiting()
 
-    async def _evict(self, victim: _Slot, newcomer: _Slot) -> None:
+    async def _evict(self, victim: _Slot, sleep: bool, newcomer: _Slot) -> None:
+        """Sleeps or unloads an engine nobody uses, to make room for `newcomer`."""
         name = newcomer.card.display_name
-        self._set(victim, ModelState.UNLOADING, f"making room for {name}")
-        if victim.in_flight:
-            self._set_phase(
-                newcomer,
-                f"waiting for {len(victim.in_flight)} answer(s) on {victim.card.display_name} to finish",
-            )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(victim.idle.wait(), self._settings.drain_timeout_s)
-            if victim.in_flight and victim.engine is not None:
-                # Past the drain time the answers are stopped; each stream ends with "abort".
-                for request_id in list(victim.in_flight):
-                    await victim.engine.abort(request_id)
-                await victim.idle.wait()
+        self._set_activity(victim, "unloading", f"making room for {name}")
         self._set_phase(newcomer, f"unloading {victim.card.display_name}")
-        engine = victim.engine
-        if engine is not None and engine.can_sleep:
-            await engine.sleep()
-            self._set(victim, ModelState.SLEEPING)
-        else:
-            await self._unload(victim, reason=f"made room for {name}")
+        try:
+            need = self._need(victim)
+            if sleep and need is not None:
+                out = host_evictions(self.residents(), need.asleep_host, self.capacity().host_budget)
+                for key in out or ():
+                    await self._unload(self._slots[key], f"host memory needed for {victim.card.display_name}")
+                sleep = out is not None
+            engine = victim.engine
+            if sleep and engine is not None:
+                try:
+                    await engine.sleep()
+                    victim.asleep = True
+                except Exception:
+                    log.exception("putting %s to sleep failed; shutting it down", victim.card.key)
+                    sleep = False
+            if not sleep:
+                await self._unload(victim, f"made room for {name}")
+        finally:
+            victim.draining = victim.aborting = False
+            victim.drain_deadline = None
+            self._set_activity(victim, "")
 
     async def _unload(self, slot: _Slot, reason: str) -> None:
-        engine, slot.engine = slot.engine, None
-        self._set(slot, ModelState.UNLOADING, reason)
+        engine, slot.engine, slot.asleep = slot.engine, None, False
+        self._set_activity(slot, "unloading", reason)
+        if engine is not None:
+            self._stopping.append(engine)
         try:
             if engine is not None:
                 await engine.shutdown()
+        except asyncio.CancelledError:
+            # Stopped half way (the app is closing): `close` finishes the job.
+            need = self._need(slot)
+            if engine is not None and need is not None:
+                self._dead.append(_Dead(slot.card.key, need, slot.devices, engine))
+            raise
+        except Exception:
+            log.exception("shutting %s down failed", slot.card.key)
         finally:
-            self._set(slot, ModelState.QUEUED if slot.load else ModelState.NOT_LOADED)
+            if engine is not None:
+                self._stopping.remove(engine)
+            slot.draining = slot.aborting = False
+            slot.drain_deadline = None
+            self._set_activity(slot, "")
+
+    async def _bury(self, dead: _Dead) -> None:
+        self._stopping.append(dead.engine)
+        try:
+            await dead.engine.shutdown()
+        except asyncio.CancelledError:
+            self._dead.append(dead)
+            raise
+        except Exception:
+            log.exception("cleaning up the stopped engine of %s failed", dead.key)
+        finally:
+            self._stopping.remove(dead.engine)
 
     def _mark_failed(self, slot: _Slot, engine: Engine, reason: str) -> None:
         """The engine died: the model is failed until the next request rebuilds it; the dead
-        engine is cleaned up before anything else loads."""
+        engine keeps its memory counted until the coordinator has cleaned it up."""
         if slot.engine is not engine:
             return
-        slot.engine = None
-        self._set(slot, ModelState.FAILED, reason=reason)
-
-        async def discard() -> None:
-            async with self._residency:
-                with contextlib.suppress(Exception):
-                    await engine.shutdown()
-
-        self._spawn(discard())
-
-    def _spawn(self, coroutine: Any) -> None:
-        task = asyncio.create_task(coroutine)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    def _watch_idle_engines(self) -> None:
-        if self._idle_watch is None and self._settings.idle_unload_s > 0:
-            self._idle_watch = asyncio.create_task(self._unload_idle_engines())
-
-    async def _unload_idle_engines(self) -> None:
-        period = min(30.0, max(0.1, self._settings.idle_unload_s / 4))
-        while True:
-            await asyncio.sleep(period)
-            cutoff = self._clock() - self._settings.idle_unload_s
-            for slot in self._slots.values():
-                idle = slot.state is ModelState.READY and not slot.in_flight and slot.last_used < cutoff
-                if idle and slot.engine is not None and slot.load is None and not self._residency.locked():
-                    async with self._residency:
-                        await self._unload(slot, reason="unused for a while")
+        need = self._need(slot)
+        slot.engine, slot.asleep, slot.reason = None, False, reason
+        if need is not None and engine.resident:
+            self._dead.append(_Dead(slot.card.key, need, slot.devices, engine))
+        else:
+            self._dead.append(_Dead(slot.card.key, MemoryNeed(0, 0, 0), (), engine))
+        self._publish(slot)
+        self._kick()
 
 
 def first_line(error: BaseException) -> str:

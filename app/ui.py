@@ -31,7 +31,15 @@ from app.conversation import (
     make_turn,
     user_message,
 )
-from app.engine import EngineManager, ModelState, ModelStatus, SamplingSettings, StreamEnd, TextDelta
+from app.engine import (
+    EngineManager,
+    ModelState,
+    ModelStatus,
+    SamplingSettings,
+    StreamEnd,
+    TextDelta,
+    card_sampling,
+)
 from app.media import VideoDecoderPool
 
 log = logging.getLogger(__name__)
@@ -46,6 +54,7 @@ WARNING = "⚠️ "
 ENDINGS = {"length": "cut at the token limit", "abort": "stopped"}
 # Files older than this are removed from Gradio's upload cache (checked as often).
 UPLOAD_MAX_AGE_S = 3600
+MAX_TOKENS_SLIDER = 4096
 # A closed tab's conversation and files are deleted after this long without use.
 SESSION_TTL_S = 6 * 3600
 CSS = """
@@ -132,11 +141,20 @@ class Playground:
             lines.append(f"**Unavailable here:** {choice.reason}")
         return "\n\n".join(lines)
 
-    def picked(self, key: str | None) -> tuple[str, str, gr.Textbox]:
+    def picked(self, key: str | None) -> tuple[Any, ...]:
+        """The card, the state, the system prompt box and the model's sampling defaults."""
         choice = self.choices.get(key or "")
         takes = choice is None or choice.card.takes_system_prompt
         hint = SYSTEM_HINT if takes else "This model's prompt format has no system prompt"
-        return self.card_panel(key), self.status_line(key), gr.Textbox(interactive=takes, placeholder=hint)
+        defaults = card_sampling(choice.card) if choice is not None else SamplingSettings().for_card(None)
+        return (
+            self.card_panel(key),
+            self.status_line(key),
+            gr.Textbox(interactive=takes, placeholder=hint),
+            gr.Slider(value=defaults.temperature),
+            gr.Slider(value=defaults.top_p),
+            gr.Slider(value=defaults.max_tokens, maximum=max(MAX_TOKENS_SLIDER, defaults.max_tokens or 0)),
+        )
 
     def status_line(self, key: str | None) -> str:
         choice = self.choices.get(key or "")
@@ -147,12 +165,14 @@ class Playground:
         return f"**State:** {self.manager.status(key).describe()}"
 
     def sampling(
-        self, temperature: float, top_p: float, max_tokens: float, seed: float | None
+        self, temperature: float | None, top_p: float | None, max_tokens: float | None, seed: float | None
     ) -> SamplingSettings:
+        """The sampling asked for; a value left empty (the API's None) takes the model card's
+        default, then the app's."""
         return SamplingSettings(
-            temperature=float(temperature),
-            top_p=float(top_p),
-            max_tokens=int(max_tokens),
+            temperature=None if temperature is None else float(temperature),
+            top_p=None if top_p is None else float(top_p),
+            max_tokens=None if max_tokens is None else int(max_tokens),
             seed=int(seed) if seed else None,  # 0 or empty: a random seed
         )
 
@@ -310,8 +330,6 @@ class Playground:
             comparison,
             cards,
             messages_for,
-            self.settings.max_resident,
-            lambda c: c.key in self.remote,
         )
         async with contextlib.aclosing(run) as updates:
             async for update in updates:
@@ -381,7 +399,8 @@ class Playground:
                 state = gr.Markdown(self.status_line(self.default_model), elem_id="model-state")
                 panel = gr.Markdown(self.card_panel(self.default_model), elem_id="model-card")
                 system = gr.Textbox(label="System prompt", elem_id="system", placeholder=SYSTEM_HINT)
-                sampling = sampling_controls("chat")
+                default = self.choices.get(self.default_model or "")
+                sampling = sampling_controls("chat", default.card if default is not None else None)
         inputs, outputs = [session, model, system, *sampling], [chatbot, box, notice, size]
         sent = box.submit(self.send, [box, *inputs], outputs, show_progress_on=[chatbot], **PRIVATE)
         sent.then(self.status_line, [model], [state], show_progress="hidden", **PRIVATE)
@@ -389,7 +408,9 @@ class Playground:
         stop.click(self.stop, [session], None, concurrency_limit=None, **PRIVATE)
         undo.click(self.undo, [session], [chatbot, box, notice], **PRIVATE)
         clear.click(self.clear, [session], outputs, **PRIVATE)
-        model.change(self.picked, [model], [panel, state, system], show_progress="hidden", **PRIVATE)
+        model.change(
+            self.picked, [model], [panel, state, system, *sampling[:3]], show_progress="hidden", **PRIVATE
+        )
         gr.Timer(STATUS_REFRESH_S).tick(
             self.status_line, [model], [state], concurrency_limit=None, show_progress="hidden", **PRIVATE
         )
@@ -457,15 +478,16 @@ def message_box(elem_id: str, placeholder: str) -> gr.MultimodalTextbox:
     )
 
 
-def sampling_controls(prefix: str) -> list[Any]:
-    defaults = SamplingSettings()
+def sampling_controls(prefix: str, card: ModelCard | None = None) -> list[Any]:
+    """Temperature, top-p, max tokens and seed, starting at `card`'s defaults (else the app's)."""
+    defaults = card_sampling(card) if card is not None else SamplingSettings().for_card(None)
     with gr.Accordion("Sampling", open=False, elem_id=f"{prefix}-sampling"):
         return [
             gr.Slider(0.0, 2.0, value=defaults.temperature, step=0.05, label="Temperature"),
             gr.Slider(0.05, 1.0, value=defaults.top_p, step=0.05, label="Top-p"),
             gr.Slider(
                 16,
-                4096,
+                max(MAX_TOKENS_SLIDER, defaults.max_tokens or 0),
                 value=defaults.max_tokens,
                 step=16,
                 label="Max tokens",
@@ -533,9 +555,10 @@ def compare_view(comparison: Comparison | None) -> list[Any]:
     return updates
 
 
-def launch(demo: gr.Blocks, settings: Settings, block: bool = True) -> gr.Blocks:
+def launch(demo: gr.Blocks, settings: Settings, block: bool = True, quiet: bool | None = None) -> gr.Blocks:
     """Serves the page with a public page's defaults: a bounded queue, no API route that skips
-    it, an upload limit, no monitoring page, no tracebacks, no share link unless asked for."""
+    it, an upload limit, no monitoring page, no tracebacks, no share link unless asked for.
+    Gradio prints the page's address unless `quiet` (default: when not blocking)."""
     demo.queue(max_size=settings.queue_size, default_concurrency_limit=settings.concurrency, api_open=False)
     demo.launch(
         server_name=settings.host,
@@ -550,7 +573,7 @@ def launch(demo: gr.Blocks, settings: Settings, block: bool = True) -> gr.Blocks
         mcp_server=False,
         footer_links=["api"],
         prevent_thread_lock=not block,
-        quiet=not block,
+        quiet=not block if quiet is None else quiet,
         css=CSS,
     )
     return demo

@@ -12,8 +12,9 @@ import contextlib
 import logging
 import os
 import re
+import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,9 @@ from app.adapters import ChatTemplateOwner, PromptError, RenderedPrompt, render
 from app.cards import ModelCard
 from app.config import Settings
 from app.engine import EngineError, EngineFailure, SamplingSettings, StreamEnd, TextDelta, first_line
+from app.memory import MemoryNeed, estimate_need
 from app.remote_engine import RemoteEngine
+from app.scheduler import Capacity
 
 log = logging.getLogger(__name__)
 
@@ -31,17 +34,70 @@ MEMORY_RETURN_TIMEOUT_S = 60.0
 
 
 class VllmEngineFactory:
-    """Builds an engine for a card: remote where the card or settings name a server, else local."""
+    """Builds an engine for a card: remote where the card or settings name a server, else local.
 
-    def __init__(self, settings: Settings) -> None:
+    It also tells the scheduler what engines may use (`capacity`) and what each takes
+    (`memory_need`), and applies the scheduler's placement: each engine gets its own share of
+    the GPUs it is placed on, sized from its need, not an equal split.
+    """
+
+    def __init__(self, settings: Settings, device_totals: Sequence[int] | None = None) -> None:
+        """`device_totals`: each GPU's memory in bytes where NVML should not be asked (checks)."""
         self._settings = settings
         if settings.hf_cache is not None:
             # Tokenizers, processors and configs load through the hub cache, in this process
             # and in the engine processes it starts; weights follow `download_dir`.
             os.environ["HF_HUB_CACHE"] = str(settings.hf_cache)
+        if settings.gpu_count:
+            # CUDA numbers devices fastest first unless told otherwise; NVML numbers them by
+            # PCI bus. Both must agree for placement and memory checks to name the same GPU.
+            os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        self._device_totals: list[int] | None = list(device_totals) if device_totals is not None else None
 
-    def engine_args(self, card: ModelCard) -> dict[str, Any]:
-        """The card's engine arguments with this deployment's settings applied."""
+    def device_totals(self) -> list[int]:
+        """Each visible GPU's memory (NVML), or the machine's RAM where there is no GPU."""
+        if self._device_totals is None:
+            if self._settings.gpu_count == 0:
+                import psutil
+
+                self._device_totals = [psutil.virtual_memory().total]
+            else:
+                totals = gpu_memory("total")
+                self._device_totals = totals[: self._settings.gpu_count] if totals else []
+                if not self._device_totals:
+                    raise EngineError(
+                        "The GPUs' memory cannot be read (NVML); set APP_MEMORY_BUDGET in bytes."
+                    )
+        return self._device_totals
+
+    def capacity(self) -> Capacity:
+        import psutil
+
+        budget = self._settings.memory_budget
+        ram = psutil.virtual_memory().total
+        if self._settings.gpu_count == 0:
+            # Engines on the CPU share the host with the app: half of it unless told in bytes.
+            return Capacity((budget.bytes or ram // 2,), host_budget=0)
+        totals = self.device_totals()
+        per_device = tuple(budget.bytes or int((budget.fraction or 0.9) * total) for total in totals)
+        host = self._settings.host_memory_budget or ram // 2
+        return Capacity(per_device, host_budget=host)
+
+    def memory_need(self, card: ModelCard) -> MemoryNeed | None:
+        if self._settings.remote_engines.get(card.key) or card.remote_url:
+            return None
+        folder = self._settings.model_folders.get(card.key)
+        return estimate_need(
+            card,
+            folder,
+            on_gpu=self._settings.gpu_count > 0,
+            cpu_kv_cache_bytes=self._settings.cpu_kv_cache_bytes,
+        )
+
+    def engine_args(self, card: ModelCard, devices: tuple[int, ...] = (0,)) -> dict[str, Any]:
+        """The card's engine arguments with this deployment's settings applied: the model's
+        folder, eager mode where the card does not ask for it itself (a card's
+        `enforce_eager: true` is never turned off), and memory sized from the model's need."""
         settings = self._settings
         args = card.engine_args
         folder = settings.model_folders.get(card.key)
@@ -49,35 +105,33 @@ class VllmEngineFactory:
             if args.get("tokenizer") == args["model"]:
                 args["tokenizer"] = str(folder)
             args["model"] = str(folder)
-        args["enforce_eager"] = settings.eager
+        args["enforce_eager"] = bool(args.get("enforce_eager")) or settings.eager
+        need = self.memory_need(card)
         if settings.gpu_count == 0:
             args["kv_cache_memory_bytes"] = settings.cpu_kv_cache_bytes
-        else:
-            share = self._gpu_share()
-            args["gpu_memory_utilization"] = min(share, args.get("gpu_memory_utilization", share))
+        elif need is not None:
+            totals = self.device_totals()
+            smallest = min(totals[d] for d in devices) if devices else totals[0]
+            args["gpu_memory_utilization"] = round(min(0.95, max(0.05, need.per_device / smallest)), 4)
+            # Per GPU: the reserve from max_model_len and max_num_seqs, not what profiling leaves.
+            args["kv_cache_memory_bytes"] = max(1, need.kv_bytes // need.devices)
             args["enable_sleep_mode"] = True
         if settings.hf_cache is not None:
             args["download_dir"] = str(settings.hf_cache)
         return args
 
-    def _gpu_share(self) -> float:
-        """Each resident engine's fraction of a GPU: the budget split over the residency limit."""
-        budget = self._settings.memory_budget
-        fraction = budget.fraction
-        if budget.bytes is not None:
-            fraction = budget.bytes / _gpu_total_bytes()
-        return max(0.05, min(0.95, (fraction or 0.9) / self._settings.max_resident))
-
-    async def build(self, card: ModelCard, report: Callable[[str], None]) -> Any:
+    async def build(
+        self, card: ModelCard, report: Callable[[str], None], devices: tuple[int, ...] = (0,)
+    ) -> Any:
         remote_url = self._settings.remote_engines.get(card.key) or card.remote_url
         if remote_url:
             report(f"connecting to {remote_url}")
             return await RemoteEngine.connect(remote_url, card)
-        args = self.engine_args(card)
+        args = self.engine_args(card, devices)
         report("starting the engine: weights, memory profiling, KV cache")
-        gpu_used_before = _gpu_used_bytes() if self._settings.gpu_count else None
+        used_before = gpu_memory("used") if self._settings.gpu_count else None
         try:
-            engine = await asyncio.to_thread(_start_async_llm, args)
+            engine = await asyncio.to_thread(_start_async_llm, args, self._visible(devices))
         except Exception as error:
             raise EngineError(explain_build_error(card, error)) from error
         report("loading the chat template")
@@ -87,14 +141,46 @@ class VllmEngineFactory:
         except Exception as error:
             await asyncio.to_thread(engine.shutdown)
             raise EngineError(explain_build_error(card, error)) from error
-        return VllmEngine(engine, owner, lora, gpu_used_before)
+        footprint = None
+        used_after = gpu_memory("used") if used_before is not None else None
+        if used_before is not None and used_after is not None:
+            physical = self._physical(devices)
+            footprint = {d: max(0, used_after[d] - used_before[d]) for d in physical if d < len(used_after)}
+        return VllmEngine(engine, owner, lora, footprint)
+
+    def _physical(self, devices: tuple[int, ...]) -> list[int]:
+        """NVML (PCI bus order) indices of the app's logical devices, through CUDA_VISIBLE_DEVICES."""
+        visible = visible_devices()
+        return [visible[d] if visible is not None and d < len(visible) else d for d in devices]
+
+    def _visible(self, devices: tuple[int, ...]) -> str | None:
+        """CUDA_VISIBLE_DEVICES for an engine placed on `devices` (None on CPU)."""
+        if self._settings.gpu_count == 0 or not devices:
+            return None
+        return ",".join(str(d) for d in self._physical(devices))
 
 
-def _start_async_llm(args: dict[str, Any]) -> Any:
+_placement_lock = threading.Lock()
+
+
+def _start_async_llm(args: dict[str, Any], visible: str | None) -> Any:
+    """Starts `AsyncLLM`; its engine processes inherit CUDA_VISIBLE_DEVICES at spawn, so the
+    placement is the environment during the start (builds take turns under a lock)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+    with _placement_lock:
+        saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible
+        try:
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        finally:
+            if visible is not None:
+                if saved is None:
+                    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+                else:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = saved
 
 
 def _chat_template_owner(engine: Any, card: ModelCard, args: dict[str, Any]) -> ChatTemplateOwner:
@@ -144,25 +230,23 @@ class VllmEngine:
 
     resident = True
 
-    def __init__(self, engine: Any, owner: ChatTemplateOwner, lora: Any, gpu_used_before: int | None) -> None:
+    def __init__(
+        self, engine: Any, owner: ChatTemplateOwner, lora: Any, footprint: dict[int, int] | None = None
+    ) -> None:
         self._engine = engine
         self._owner = owner
         self._lora = lora
-        self._gpu_used_before = gpu_used_before
+        # What the build took on each GPU (NVML index: bytes), measured around it.
+        self._footprint = footprint
         manager = getattr(engine.engine_core, "resources", None)
         processes = getattr(getattr(manager, "engine_manager", None), "processes", [])
         self.process_ids = [p.pid for p in processes if p.pid is not None]
 
     @property
     def can_sleep(self) -> bool:
-        """Sleep mode (CUDA only) where the host has room for the weights it moves there."""
-        config = self._engine.vllm_config
-        if not config.model_config.enable_sleep_mode:
-            return False
-        import psutil
-
-        weights = _folder_bytes(Path(config.model_config.model))
-        return weights is not None and psutil.virtual_memory().available > 1.5 * weights
+        """Sleep mode exists on CUDA only; the app turns it on for every GPU engine, local folder
+        or hub model alike (whether the host has room is the scheduler's host budget)."""
+        return bool(self._engine.vllm_config.model_config.enable_sleep_mode)
 
     def unfinished_requests(self) -> int:
         return self._engine.get_num_unfinished_requests()
@@ -228,16 +312,19 @@ class VllmEngine:
 
     async def wake(self) -> None:
         await self._engine.wake_up()
+        if await self._engine.is_sleeping():
+            raise EngineError("the engine is still asleep after waking it")
 
     async def shutdown(self) -> None:
         # Stopped first: it would otherwise log the engine's exit as a crash.
+        before = gpu_memory("used") if self._footprint else None
         handler = getattr(self._engine, "output_handler", None)
         if handler is not None:
             handler.cancel()
         await asyncio.to_thread(self._engine.shutdown)
         await asyncio.to_thread(_wait_for_exit, self.process_ids)
-        if self._gpu_used_before is not None:
-            await asyncio.to_thread(_wait_for_gpu_memory, self._gpu_used_before + GPU_MEMORY_SLACK_BYTES)
+        if self._footprint:
+            await asyncio.to_thread(wait_for_memory_freed, before, self._footprint)
 
 
 def engine_prompt(card: ModelCard, rendered: RenderedPrompt) -> dict[str, Any]:
@@ -300,12 +387,6 @@ def _first_line(error: BaseException) -> str:
     return re.sub(r"(?<![\w.])/[\w./-]+", "<path>", first_line(error))[:300]
 
 
-def _folder_bytes(folder: Path) -> int | None:
-    if not folder.is_dir():
-        return None
-    return sum(f.stat().st_size for f in folder.glob("*.safetensors")) or None
-
-
 def _wait_for_exit(process_ids: list[int], timeout_s: float = 30.0) -> None:
     """Waits for the engine's processes to exit, killing those that outlive the timeout."""
     import psutil
@@ -336,36 +417,68 @@ def process_tree_memory() -> tuple[int, int]:
     return rss, len(children)
 
 
-def _gpu_total_bytes() -> int:
-    import pynvml
+def visible_devices(environ: Mapping[str, str] = os.environ) -> list[int] | None:
+    """CUDA_VISIBLE_DEVICES as NVML indices (PCI bus order, which the factory makes CUDA use):
+    numbers are taken as they are; GPU UUIDs are looked up. None where it is not set."""
+    text = environ.get("CUDA_VISIBLE_DEVICES")
+    if text is None:
+        return None
+    entries = [e.strip() for e in text.split(",") if e.strip()]
+    indices: list[int] = []
+    for entry in entries:
+        if entry.lstrip("-").isdigit():
+            if int(entry) < 0:
+                break
+            indices.append(int(entry))
+            continue
+        try:
+            import pynvml
 
-    pynvml.nvmlInit()
-    return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total
+            pynvml.nvmlInit()
+            indices.append(pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByUUID(entry)))
+        except Exception:
+            log.warning("cannot find GPU %s through NVML", entry)
+    return indices
 
 
-def _gpu_used_bytes() -> int | None:
-    """Memory in use on the visible GPUs, measured by NVML (no CUDA context in this process)."""
+def gpu_memory(kind: str) -> list[int] | None:
+    """Every GPU's memory `used` or `total` in bytes, by NVML index; None where NVML fails."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        indices = [
-            int(i) for i in os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",") if i.strip().isdigit()
+        return [
+            getattr(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)), kind)
+            for i in range(pynvml.nvmlDeviceGetCount())
         ]
-        return sum(
-            pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used for i in indices or [0]
-        )
     except Exception:
-        log.warning("cannot read GPU memory through NVML; not waiting for it after unloads")
+        log.warning("cannot read GPU memory through NVML")
         return None
 
 
-def _wait_for_gpu_memory(limit_bytes: int) -> None:
+def wait_for_memory_freed(
+    before: list[int] | None, footprint: dict[int, int], read: Callable[[str], list[int] | None] = gpu_memory
+) -> bool:
+    """After a shutdown, waits until each GPU the engine was on has dropped by most of what its
+    build took (other engines' memory does not matter). False on timeout or NVML errors."""
+    if before is None:
+        return False
     deadline = time.monotonic() + MEMORY_RETURN_TIMEOUT_S
-    while (used := _gpu_used_bytes()) is not None and used > limit_bytes:
+    while True:
+        used = read("used")
+        if used is None:
+            return False
+        short = {
+            d: used[d] - (before[d] - taken)
+            for d, taken in footprint.items()
+            if d < len(used) and used[d] > before[d] - taken + GPU_MEMORY_SLACK_BYTES
+        }
+        if not short:
+            return True
         if time.monotonic() > deadline:
             log.warning(
-                "GPU memory still %d MiB above its level before the build", (used - limit_bytes) >> 20
+                "GPU memory not back after an engine stopped: %s MiB short",
+                {d: b >> 20 for d, b in short.items()},
             )
-            return
+            return False
         time.sleep(0.2)

@@ -48,8 +48,14 @@ class RecordingFactory:
         self.real = VllmEngineFactory(settings)
         self.engines: dict[str, Any] = {}
 
-    async def build(self, card: Any, report: Any) -> Any:
-        self.engines[card.key] = await self.real.build(card, report)
+    def capacity(self) -> Any:
+        return self.real.capacity()
+
+    def memory_need(self, card: Any) -> Any:
+        return self.real.memory_need(card)
+
+    async def build(self, card: Any, report: Any, devices: tuple[int, ...]) -> Any:
+        self.engines[card.key] = await self.real.build(card, report, devices)
         return self.engines[card.key]
 
 
@@ -106,7 +112,8 @@ async def direct(
 async def run(swaps: int, tokens: int) -> None:
     folders = {v: build_tiny_vlm(SCRATCH / v, v) for v in ("tiny-a", "tiny-b")}
     cards = {v: tiny_card(v, folder, v) for v, folder in folders.items()}
-    settings = Settings(gpu_count=0, cpu_kv_cache_bytes=128 * 2**20, idle_unload_s=0)
+    # One engine at a time: the swap figures below need a swap per model change.
+    settings = Settings(gpu_count=0, cpu_kv_cache_bytes=128 * 2**20, idle_unload_s=0, max_resident=1)
     factory = RecordingFactory(settings)
     manager = EngineManager(cards, settings, factory)
     sampling = SamplingSettings(temperature=0.0, max_tokens=tokens, ignore_eos=True)

@@ -3,26 +3,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from app.compare import Column, Comparison, plan, to_json, to_markdown
+from app.compare import Column, Comparison, to_json, to_markdown
 from app.engine import SamplingSettings
-from app.tiny_model import tiny_card
-
-A, B, C = (tiny_card(key, Path(f"/models/{key}")) for key in ("a", "b", "c"))
-
-
-def keys(groups: list) -> list[list[str]]:
-    return [[card.key for card in group] for group in groups]
-
-
-def test_models_that_fit_together_run_side_by_side_else_in_turn():
-    local = lambda card: False  # noqa: E731
-    assert keys(plan([A, B], 2, local)) == [["a"], ["b"]]
-    assert keys(plan([A, B, C], 2, local)) == [["a", "b", "c"]]
-    # A remote engine never waits for the local ones.
-    remote_c = lambda card: card.key == "c"  # noqa: E731
-    assert keys(plan([A, B, C], 1, remote_c)) == [["a", "b"], ["c"]]
 
 
 def test_exports_hold_prompts_repositories_settings_answers_and_timings():

@@ -59,8 +59,8 @@ class RecordingFactory(VllmEngineFactory):
         super().__init__(settings)
         self.engines: dict[str, Any] = {}
 
-    async def build(self, card: Any, report: Callable[[str], None]) -> Any:
-        engine = await super().build(card, report)
+    async def build(self, card: Any, report: Callable[[str], None], devices: tuple[int, ...] = (0,)) -> Any:
+        engine = await super().build(card, report, devices)
         self.engines[card.key] = engine
         return engine
 

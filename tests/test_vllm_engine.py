@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from app.cards import load_cards
-from app.config import MemoryBudget, Settings
+from app.config import Settings
 from app.vllm_engine import VllmEngineFactory, explain_build_error
 
 CARDS = load_cards()
@@ -20,20 +22,41 @@ def test_cpu_engines_are_eager_with_a_bounded_kv_cache():
     assert args["max_model_len"] == CARDS["qwen2_vl"].engine_args["max_model_len"]
 
 
-def test_gpu_engines_split_the_budget_over_the_residency_limit_and_may_sleep():
-    settings = Settings(gpu_count=1, memory_budget=MemoryBudget(0.9), max_resident=2)
-    args = VllmEngineFactory(settings).engine_args(CARDS["qwen2_vl"])
-    assert args["gpu_memory_utilization"] == 0.45
+def test_each_gpu_engine_gets_the_memory_its_model_needs_and_may_sleep():
+    factory = VllmEngineFactory(Settings(gpu_count=1), device_totals=[80 * 10**9])
+    card = CARDS["qwen2_vl"]
+    need = factory.memory_need(card)
+    args = factory.engine_args(card)
+    assert args["gpu_memory_utilization"] == round(need.per_device / (80 * 10**9), 4)
+    assert args["kv_cache_memory_bytes"] == need.kv_bytes
     assert args["enable_sleep_mode"] is True and args["enforce_eager"] is False
+    # A 7B model at bf16: 14 GB of weights; the reserve is max_model_len x max_num_seqs tokens.
+    assert 13e9 < need.weights_bytes < 15e9
+    small = factory.memory_need(CARDS["qwen2_5_vl"])
+    assert small.per_device < need.per_device
+    assert factory.capacity().device_budgets == (int(0.9 * 80 * 10**9),)
+
+
+@pytest.mark.parametrize("key", ["gemma3n", "glm4v", "glm4_1v", "idefics3", "smolvlm"])
+def test_a_cards_enforce_eager_is_never_turned_off(key: str):
+    assert CARDS[key].engine_args["enforce_eager"] is True
+    compiled = Settings(gpu_count=1, enforce_eager=False)
+    assert (
+        VllmEngineFactory(compiled, device_totals=[80 * 10**9]).engine_args(CARDS[key])["enforce_eager"]
+        is True
+    )
+    eager = Settings(gpu_count=1, enforce_eager=True)
+    other = VllmEngineFactory(eager, device_totals=[80 * 10**9]).engine_args(CARDS["qwen2_vl"])
+    assert other["enforce_eager"] is True  # the setting turns eager mode on where a card leaves it unset
 
 
 def test_local_folders_and_the_cache_replace_downloads(monkeypatch):
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     settings = Settings(gpu_count=1, model_folders={"llava": Path("/models/llava")}, hf_cache=Path("/cache"))
-    args = VllmEngineFactory(settings).engine_args(CARDS["llava"])
+    args = VllmEngineFactory(settings, device_totals=[80 * 10**9]).engine_args(CARDS["llava"])
     assert args["model"] == "/models/llava" and args["download_dir"] == "/cache"
     assert os.environ["HF_HUB_CACHE"] == "/cache"
-    other = VllmEngineFactory(settings).engine_args(CARDS["qwen2_vl"])
+    other = VllmEngineFactory(settings, device_totals=[80 * 10**9]).engine_args(CARDS["qwen2_vl"])
     assert other["model"] == "Qwen/Qwen2-VL-7B-Instruct"
 
 

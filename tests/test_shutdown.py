@@ -1,0 +1,114 @@
+"""Stopping `python -m app` with a signal (issue 11): SIGTERM, as Docker and Hugging Face stop a
+container, and SIGINT (Ctrl-C) shut the engines down while an answer streams, and the app exits
+in time with no engine process, resource tracker or vLLM socket file left behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from ports import free_port
+
+from app.shutdown import SHUTDOWN_TIMEOUT_S
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+ROOT = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 180
+AT_EXIT_NOISE = r"Exception ignored in: <function AsyncLLM.__del__.*?object is not callable\n"
+
+
+def start_app(tmp_path: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "APP_GPU_COUNT": "0",
+        "APP_HOST": "127.0.0.1",
+        "APP_PORT": str(port),
+        # The app puts vLLM's sockets next to the demo folder: tmp_path / "vllm".
+        "APP_DEMO_DIR": str(tmp_path / "demo"),
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+    }
+    log = (tmp_path / "app.log").open("w")
+    app = subprocess.Popen(
+        [sys.executable, "-m", "app"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True
+    )
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline and app.poll() is None:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url + "config", timeout=5).status_code == 200:
+                return app, url
+        time.sleep(0.5)
+    raise AssertionError(f"no page in {START_TIMEOUT_S} s:\n{log_of(tmp_path)}")
+
+
+def log_of(tmp_path: Path) -> str:
+    return (tmp_path / "app.log").read_text(encoding="utf-8", errors="replace")[-6000:]
+
+
+def alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def sockets_in(folder: Path) -> list[Path]:
+    return [path for path in folder.rglob("*") if path.is_socket()] if folder.exists() else []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_mid_answer_stops_the_engines_and_leaves_nothing_behind(tmp_path: Path, signum: int):
+    from gradio_client import Client
+
+    app, url = start_app(tmp_path)
+    children: list[psutil.Process] = []
+    try:
+        client = Client(url, verbose=False)
+        message = {"text": "Count from one to a thousand, one number a line.", "files": []}
+        job = client.submit(message, "demo_tiny_a", "", 0.0, 1.0, 2000, 0, api_name="/chat")
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline and not (job.outputs() and children) and not job.done():
+            time.sleep(0.2)
+            children = psutil.Process(app.pid).children(recursive=True)
+        assert job.outputs() and children, f"no answer started:\n{log_of(tmp_path)}"
+        assert not job.done(), "the answer ended before the signal; it should still be streaming"
+        children = psutil.Process(app.pid).children(recursive=True)
+        assert sockets_in(tmp_path / "vllm"), "vLLM's sockets are expected in the demo folder's parent"
+
+        started = time.monotonic()
+        os.kill(app.pid, signum)
+        try:
+            code = app.wait(SHUTDOWN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running {SHUTDOWN_TIMEOUT_S} s after {signum!r}:\n{log_of(tmp_path)}")
+        took = time.monotonic() - started
+        print(f"{signal.Signals(signum).name}: exited with {code} after {took:.1f} s")
+        assert code == 0, log_of(tmp_path)
+        # An orphan would be reparented, not ended, so give exiting children a moment only.
+        _, left = psutil.wait_procs(children, timeout=2)
+        left = [process for process in left if alive(process)]
+        assert not left, f"left running: {[(p.pid, p.name()) for p in left]}\n{log_of(tmp_path)}"
+        assert not sockets_in(tmp_path / "vllm"), log_of(tmp_path)
+        # Known and harmless: the first engine's AsyncLLM outlives its shutdown (a traceback vLLM
+        # stores on import keeps the worker frame that built it), so it is collected only as the
+        # interpreter exits, where its __del__ fails. Any other traceback fails the test.
+        log = re.sub(AT_EXIT_NOISE, "", log_of(tmp_path), flags=re.DOTALL)
+        assert "Traceback" not in log, log
+    finally:
+        if app.poll() is None:
+            app.kill()
+            app.wait(10)
+        for process in children:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
