@@ -586,10 +586,17 @@ class EngineManager:
         if need is None:
             return False
         asleep_on = slot.devices if slot.asleep and slot.engine is not None else None
+        try:
+            capacity = self.capacity()
+        except EngineError as error:
+            # No memory figures (NVML unreadable): nothing local can be placed; say why.
+            for ticket in [t for t in self._line if self._need(t.slot) is not None]:
+                self._fail(ticket, str(error))
+            return True
         decision = decide(
             Head(slot.card.key, need, head.arrived, asleep_on),
             self.residents(),
-            self.capacity(),
+            capacity,
             self._settings.quantum_s,
             now,
         )

@@ -311,9 +311,10 @@ class VllmEngine:
         await self._engine.sleep(level=1)
 
     async def wake(self) -> None:
-        await self._engine.wake_up()
-        if await self._engine.is_sleeping():
-            raise EngineError("the engine is still asleep after waking it")
+        # vLLM 0.32 says whether every part (weights, KV cache) is back; a partial wake is a
+        # failure the manager answers with a rebuild.
+        if not await self._engine.wake_up():
+            raise EngineError("the engine is not fully awake after waking it")
 
     async def shutdown(self) -> None:
         # Stopped first: it would otherwise log the engine's exit as a crash.

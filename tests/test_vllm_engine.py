@@ -74,3 +74,17 @@ def test_build_errors_read_as_one_actionable_line_without_paths():
     assert "does not fit in GPU memory" in oom
     other = explain_build_error(card, ValueError("bad value in /srv/models/llava/config.json\nmore"))
     assert other == f"{card.display_name} could not be loaded: bad value in <path>"
+
+
+def test_a_cards_sampling_defaults_are_the_models_defaults_and_the_user_still_decides():
+    from app.engine import SamplingSettings, card_sampling
+
+    ocr = CARDS["deepseek_ocr"]
+    defaults = card_sampling(ocr)
+    assert (defaults.temperature, defaults.max_tokens) == (0.0, 8192)
+    # What the API sends when a value is left empty (None), and what a user's slider sends.
+    assert SamplingSettings().for_card(ocr).max_tokens == 8192
+    chosen = SamplingSettings(temperature=0.4, max_tokens=100).for_card(ocr)
+    assert (chosen.temperature, chosen.max_tokens, chosen.top_p) == (0.4, 100, 1.0)
+    # A card without defaults gets the app's.
+    assert card_sampling(CARDS["qwen2_vl"]) == SamplingSettings(temperature=0.7, top_p=1.0, max_tokens=512)
