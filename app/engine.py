@@ -35,6 +35,9 @@ from app.scheduler import next_idle_deadline as _next_idle_deadline
 
 log = logging.getLogger(__name__)
 
+# The coordinator's shortest sleep between two looks when there is nothing to do.
+MIN_WAIT_S = 0.05
+
 
 class EngineError(RuntimeError):
     """An answer or a build that failed; the message is meant for the user."""
@@ -552,10 +555,14 @@ class EngineManager:
         times = [s.drain_deadline for s in self._slots.values() if s.drain_deadline and not s.aborting]
         if self._wait_until is not None:
             times.append(self._wait_until)
-        idle = _next_idle_deadline(self.residents(), self._settings.idle_unload_s)
+        waiting = {t.slot.card.key for t in self._line}
+        idle = _next_idle_deadline(
+            [r for r in self.residents() if r.key not in waiting], self._settings.idle_unload_s
+        )
         if idle is not None:
             times.append(idle)
-        return max(0.0, min(times) - now) if times else None
+        # A floor, so that a deadline nothing can act on yet never turns into a busy loop.
+        return max(MIN_WAIT_S, min(times) - now) if times else None
 
     async def _step(self) -> bool:
         """One decision and its action; False when there is nothing to do until a change."""

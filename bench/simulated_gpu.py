@@ -34,6 +34,11 @@ from app.memory import GIB, GPU_ENGINE_OVERHEAD_BYTES, MemoryNeed
 from app.scheduler import Capacity
 
 
+# Loop steps at one virtual instant before the simulation calls it a busy loop (a real burst of
+# work at one instant, hundreds of requests arriving at once, takes thousands).
+BUSY_LOOP_STEPS = 200_000
+
+
 class SimulationDeadlock(RuntimeError):
     """Every task waits for something that no timer or task will ever do."""
 
@@ -70,18 +75,29 @@ class _SkippingSelector(selectors.BaseSelector):
         return []
 
 
+class SimulationBusyLoop(RuntimeError):
+    """Tasks keep running without time ever moving: a busy loop (100% CPU on a real machine)."""
+
+
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
     """An event loop on virtual time: `time()` moves only when all tasks wait for a timer."""
 
     def __init__(self) -> None:
         self._now = 0.0
+        self._spins = 0
         super().__init__(selector=_SkippingSelector(self))
 
     def time(self) -> float:
         return self._now
 
     def advance(self, seconds: float) -> None:
-        self._now += max(0.0, seconds)
+        if seconds > 0:
+            self._now += seconds
+            self._spins = 0
+            return
+        self._spins += 1
+        if self._spins > BUSY_LOOP_STEPS:
+            raise SimulationBusyLoop(f"{BUSY_LOOP_STEPS} loop steps at t={self._now:.3f} s without time moving")
 
 
 @dataclass(frozen=True)

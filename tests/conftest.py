@@ -7,6 +7,7 @@ variables are set here, before any test module imports vLLM.
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 import threading
 from collections.abc import Coroutine, Iterator
@@ -14,8 +15,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from hypothesis import settings
 
 from app.tiny_model import use_local_vllm_environment
+
+# Property tests: the same examples on every run by default, so that CI's verdict is the code's,
+# not the draw's; `HYPOTHESIS_PROFILE=deep` draws many more, at random (run it after a change
+# to the scheduler: 2,000 traces take about 30 s).
+settings.register_profile("ci", derandomize=True, max_examples=150)
+settings.register_profile("deep", max_examples=2000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 use_local_vllm_environment(Path(tempfile.mkdtemp(prefix="vllm-tests-")))
 

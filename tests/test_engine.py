@@ -208,7 +208,8 @@ def test_a_swap_waits_for_answers_in_flight_on_the_engine_it_evicts(loop, manage
 
 
 def test_past_the_drain_time_answers_on_the_evicted_engine_are_stopped(loop, tiny_cards, quiet):
-    settings = replace(SETTINGS, drain_timeout_s=0.5)
+    # No quantum: the swap starts draining at once, and the drain time runs out mid-answer.
+    settings = replace(SETTINGS, drain_timeout_s=0.5, quantum_s=0)
     manager = EngineManager(tiny_cards, settings, VllmEngineFactory(settings))
 
     async def scenario():

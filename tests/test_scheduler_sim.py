@@ -180,7 +180,7 @@ traces = st.builds(
 )
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trace=traces, max_awake=st.sampled_from([None, 1, 2]), sleep_mode=st.booleans())
 def test_random_traffic_keeps_every_promise(trace: Trace, max_awake: int | None, sleep_mode: bool):
     check(simulate(trace, MODELS, max_awake, sleep_mode), MODELS, trace)
@@ -190,7 +190,7 @@ def test_random_traffic_keeps_every_promise(trace: Trace, max_awake: int | None,
 TWO_GPU_MODELS = [*MODELS[:3], SimulatedModel("wide", 30.0, kv_gb=8, devices=2)]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trace=traces, max_awake=st.sampled_from([None, 2]), sleep_mode=st.booleans())
 def test_random_traffic_on_two_gpus_with_a_tensor_parallel_model(trace, max_awake, sleep_mode):
     run = simulate(trace, TWO_GPU_MODELS, max_awake, sleep_mode, gpus=2)
