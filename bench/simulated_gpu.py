@@ -97,7 +97,9 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             return
         self._spins += 1
         if self._spins > BUSY_LOOP_STEPS:
-            raise SimulationBusyLoop(f"{BUSY_LOOP_STEPS} loop steps at t={self._now:.3f} s without time moving")
+            raise SimulationBusyLoop(
+                f"{BUSY_LOOP_STEPS} loop steps at t={self._now:.3f} s without time moving"
+            )
 
 
 @dataclass(frozen=True)
