@@ -33,7 +33,6 @@ from app.engine import EngineError, EngineFailure, SamplingSettings, StreamEnd, 
 from app.memory import GIB, GPU_ENGINE_OVERHEAD_BYTES, MemoryNeed
 from app.scheduler import Capacity
 
-
 # Loop steps at one virtual instant before the simulation calls it a busy loop (a real burst of
 # work at one instant, hundreds of requests arriving at once, takes thousands).
 BUSY_LOOP_STEPS = 200_000
