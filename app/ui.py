@@ -483,7 +483,14 @@ def sampling_controls(prefix: str, card: ModelCard | None = None) -> list[Any]:
     defaults = card_sampling(card) if card is not None else SamplingSettings().for_card(None)
     with gr.Accordion("Sampling", open=False, elem_id=f"{prefix}-sampling"):
         return [
-            gr.Slider(0.0, 2.0, value=defaults.temperature, step=0.05, label="Temperature"),
+            gr.Slider(
+                0.0,
+                2.0,
+                value=defaults.temperature,
+                step=0.05,
+                label="Temperature",
+                elem_id=f"{prefix}-temperature",
+            ),
             gr.Slider(0.05, 1.0, value=defaults.top_p, step=0.05, label="Top-p"),
             gr.Slider(
                 16,

@@ -305,6 +305,19 @@ def test_an_unavailable_model_says_why_and_cannot_be_used(page: Page):
     assert page.input_value("#chat-input textarea") == "Hello"
 
 
+def test_picking_a_model_sets_the_sampling_to_its_cards_defaults(page: Page):
+    """DeepSeek-OCR's card asks for greedy decoding and 8192 tokens; the demo models have none."""
+    page.click("#chat-sampling button")
+    temperature = page.locator("#chat-temperature input[type=number]")
+    max_tokens = page.locator("#chat-max-tokens input[type=number]")
+    pick(page, "model", "DeepSeek-OCR (unavailable)")
+    poll(lambda: max_tokens.input_value() == "8192", 10)
+    assert float(temperature.input_value()) == 0.0
+    pick(page, "model", "tiny-b")
+    poll(lambda: max_tokens.input_value() == "512", 10)
+    assert float(temperature.input_value()) == 0.7
+
+
 def test_a_broken_file_or_an_oversized_prompt_keeps_the_history_and_others_stream(
     open_page: Callable[[], Page], tmp_path: Path
 ):
