@@ -116,6 +116,8 @@ class Settings:
     # KV cache per engine where no GPU sizes it (CPU); vLLM would otherwise take half the RAM.
     cpu_kv_cache_bytes: int = 256 * 2**20
     model_folders: dict[str, Path] = field(default_factory=dict)
+    # vLLM's load_format for local engines: "dummy" makes random weights (twins, benchmarks).
+    load_format: str | None = None
     remote_engines: dict[str, str] = field(default_factory=dict)
     hf_cache: Path | None = None
     # --- the web app ---
@@ -164,6 +166,7 @@ class Settings:
             },
             remote_engines=parse_mapping("APP_REMOTE_ENGINES", env.get("APP_REMOTE_ENGINES", "")),
             hf_cache=Path(hf_cache) if hf_cache else None,
+            load_format=env.get("APP_LOAD_FORMAT", "").strip() or None,
             host=env.get("APP_HOST", "").strip() or cls.host,
             port=int(_number(env, "APP_PORT", cls.port)),
             share=env.get("APP_SHARE", "").strip().lower() in TRUE,

@@ -4,8 +4,9 @@ The scheduler places engines by memory, not by count, so it needs each model's f
 the model is built. The figure is an estimate made of three parts:
 
 - weights: the safetensors files (or their index's `total_size`) where the model is on disk,
+  else the parameters its local `config.json` describes (folders for vLLM's dummy weights),
   else the card's `parameters_b` or the parameter count in the repository's name (`7B`, `2.2B`,
-  `800m`) at the bytes per parameter of its dtype (FP8 one, AWQ/GPTQ/int4 a half, else two);
+  `800m`), at the bytes per parameter of its dtype (FP8 one, AWQ/GPTQ/int4 a half, else two);
 - the KV cache reserve: `max_model_len x max_num_seqs` tokens at the bytes per token of the
   text model's layers, KV heads and head size where its `config.json` is at hand, else a ratio
   to the weights typical of grouped-query attention models;
@@ -174,9 +175,10 @@ def estimate_need(
     weights = weights_on_disk(folder) if folder is not None else None
     config = _read_config(folder)
     if weights is None:
-        params = card.parameters_b or parameters_from_name(card.hf_repo)
-        if params is None and config is not None:
-            params = parameters_from_config(config)
+        # A local folder without weights (vLLM's dummy weights) is the model its config says;
+        # elsewhere the card's figure or the repository's name tells.
+        params = parameters_from_config(config) if config is not None else None
+        params = params or card.parameters_b or parameters_from_name(card.hf_repo)
         if params:
             weights = int(params * 1e9 * bytes_per_parameter(card))
         else:

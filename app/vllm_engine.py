@@ -118,6 +118,8 @@ class VllmEngineFactory:
             args["enable_sleep_mode"] = True
         if settings.hf_cache is not None:
             args["download_dir"] = str(settings.hf_cache)
+        if settings.load_format is not None:
+            args["load_format"] = settings.load_format
         return args
 
     async def build(

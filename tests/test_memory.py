@@ -54,6 +54,9 @@ def test_a_local_folder_is_sized_from_its_config_and_weights(tmp_path: Path, tin
     (dummy / "config.json").write_text(json.dumps(config))
     params = parameters_from_config(config)
     assert params is not None and abs(params * 1e9 * 2 - on_disk) / on_disk < 0.5
+    # A real card pointed at such a folder is sized as the folder's model, not by its name.
+    real = load_cards()["qwen2_vl"]  # "7B" in its name
+    assert estimate_need(real, dummy, on_gpu=False).weights_bytes == int(params * 1e9 * 2)
 
 
 def test_the_memory_check_after_a_stop_measures_that_engine_by_device():

@@ -1,0 +1,843 @@
+"""Tiny "twins" of real catalog cards, so each card can run through the real vLLM engine on CPU.
+
+A twin is a local folder holding what vLLM reads for the card's model except the weights: a
+config of the same architecture (`architectures` and `model_type` equal the real model's) at
+tiny sizes, a tokenizer with the model's special tokens (a byte-level BPE trained here on a few
+lines), the chat template where the card renders through one, and the processor class the
+model uses, sized for vLLM's CPU backend (text head size 32, two layers). vLLM makes random
+weights itself with `load_format="dummy"`, so nothing is downloaded and no checkpoint layout
+matters. The card itself is not changed: `Settings.model_folders` points it at the twin.
+
+Only sizes and the context length differ from the real model. Random weights answer nonsense;
+what a twin proves is that vLLM's own processor accepts the card's prompt with the app's media.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from app.cards import ModelCard
+from app.config import Settings
+
+# Bump when any builder changes: cached twins of another version are rebuilt.
+TWIN_VERSION = 1
+MARKER = "twin.json"
+
+TRAINING_TEXT = [
+    "A photo of a cat sitting on a red chair next to the window.",
+    "What is in this image? Describe the video in detail, frame by frame.",
+    "The quick brown fox jumps over the lazy dog. 0123456789 !?.,;:'\"()[]{}",
+    "Vision language models answer questions about pictures and clips.",
+    "USER: ASSISTANT: User: Assistant: system user assistant model caption en answer en ocr",
+]
+
+# Text model sizes shared by the twins: head size 32, the smallest vLLM's CPU attention takes.
+HIDDEN, HEADS, KV_HEADS, LAYERS = 128, 4, 2, 2
+HEAD_DIM = HIDDEN // HEADS
+MAX_POSITIONS = 32768
+
+# The processors' chat templates, as the real models ship them (chat_template.json), for cards
+# that render several images through the processor's template.
+LLAVA_1_5_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] != 'system' %}"
+    "{{ message['role'].upper() + ': '}}{% endif %}"
+    "{# Render all images first #}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
+    "{{ '<image>\n' }}{% endfor %}"
+    "{# Render all text next #}"
+    "{% if message['role'] != 'assistant' %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{{ content['text'] + ' '}}{% endfor %}"
+    "{% else %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{% generation %}{{ content['text'] + ' '}}{% endgeneration %}{% endfor %}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+)
+
+LLAVA_ONEVISION_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + ' '}}"
+    "{# Render all images first #}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
+    "{{ '<image>' }}{% endfor %}"
+    "{# Render all video then #}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}"
+    "{{ '<video>' }}{% endfor %}"
+    "{# Render all text next #}"
+    "{% if message['role'] != 'assistant' %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{{ '\n' + content['text'] }}{% endfor %}"
+    "{% else %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{% generation %}{{ '\n' + content['text'] }}{% endgeneration %}{% endfor %}"
+    "{% endif %}{{'<|im_end|>'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+QWEN_SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+
+
+# --- shared pieces -------------------------------------------------------------------------
+
+
+def _tokenizer(
+    special_tokens: list[str],
+    *,
+    eos: str,
+    pad: str | None = None,
+    bos: str | None = None,
+    unk: str | None = None,
+    chat_template: str | None = None,
+    max_length: int = MAX_POSITIONS,
+    extra_special_tokens: dict[str, str] | None = None,
+) -> Any:
+    """A byte-level BPE tokenizer trained on a few lines, with the model's special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE(unk_token=unk))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=512, special_tokens=special_tokens, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    bpe.train_from_iterator(TRAINING_TEXT, trainer=trainer)
+    named = {"eos_token": eos, "pad_token": pad, "bos_token": bos, "unk_token": unk}
+    named = {k: v for k, v in named.items() if v is not None}
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        additional_special_tokens=[t for t in special_tokens if t not in named.values()],
+        model_max_length=max_length,
+        **named,
+        **({"extra_special_tokens": extra_special_tokens} if extra_special_tokens else {}),
+    )
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    return tokenizer
+
+
+def _text_config(tokenizer: Any, **extra: Any) -> dict[str, Any]:
+    """A two-layer text model of head size 32 over the twin's vocabulary."""
+    config = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": HIDDEN,
+        "intermediate_size": HIDDEN * 2,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "max_position_embeddings": MAX_POSITIONS,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    if tokenizer.bos_token_id is not None:
+        config["bos_token_id"] = tokenizer.bos_token_id
+    config.update(extra)
+    return config
+
+
+def _mrope_section(head_dim: int) -> list[int]:
+    """Half the head size split over time, height and width as Qwen2-VL does (16:24:24 of 64)."""
+    half = head_dim // 2
+    time = half // 4
+    height = (half - time) // 2
+    return [time, height, half - time - height]
+
+
+def _save(folder: Path, config: Any, processor: Any, tokenizer: Any) -> None:
+    config.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def _clip_vision(image_size: int) -> dict[str, Any]:
+    return {
+        "model_type": "clip_vision_model",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": image_size,
+        "patch_size": 14,
+        "projection_dim": 64,
+    }
+
+
+def _siglip_vision(image_size: int) -> dict[str, Any]:
+    return {
+        "model_type": "siglip_vision_model",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": image_size,
+        "patch_size": 14,
+    }
+
+
+# --- builders, one per architecture --------------------------------------------------------
+
+
+def _llava(card: ModelCard, folder: Path) -> None:
+    """LLaVA-1.5: a CLIP tower at 56 px (16 patches) and a Llama; `<image>` placeholder."""
+    from transformers import CLIPImageProcessor, LlavaConfig, LlavaProcessor
+
+    tokenizer = _tokenizer(
+        ["<unk>", "<s>", "</s>", "<image>", "<pad>"], eos="</s>", bos="<s>", unk="<unk>", pad="<pad>"
+    )
+    image_processor = CLIPImageProcessor(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56})
+    processor = LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=14,
+        vision_feature_select_strategy="default",
+        chat_template=LLAVA_1_5_CHAT_TEMPLATE,
+    )
+    config = LlavaConfig(
+        vision_config=_clip_vision(56),
+        text_config=_text_config(tokenizer, model_type="llama"),
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        projector_hidden_act="gelu",
+        architectures=[card.architecture],
+    )
+    _save(folder, config, processor, tokenizer)
+
+
+def _llava_next(card: ModelCard, folder: Path) -> None:
+    """LLaVA-NeXT (Mistral): a CLIP tower at 56 px with any-resolution tiles of 56 px."""
+    from transformers import LlavaNextConfig, LlavaNextImageProcessor, LlavaNextProcessor
+
+    tokenizer = _tokenizer(["<unk>", "<s>", "</s>", "<image>"], eos="</s>", bos="<s>", unk="<unk>")
+    pinpoints = [[56, 112], [112, 56], [112, 112]]
+    image_processor = LlavaNextImageProcessor(
+        size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56}, image_grid_pinpoints=pinpoints
+    )
+    processor = LlavaNextProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=14,
+        vision_feature_select_strategy="default",
+    )
+    config = LlavaNextConfig(
+        vision_config=_clip_vision(56),
+        text_config=_text_config(tokenizer, model_type="mistral", sliding_window=None),
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        image_grid_pinpoints=pinpoints,
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        architectures=[card.architecture],
+    )
+    _save(folder, config, processor, tokenizer)
+
+
+def _llava_onevision(card: ModelCard, folder: Path) -> None:
+    """LLaVA-OneVision (Qwen2): a SigLIP tower at 56 px, tiles of 56 px, images and video."""
+    from transformers import (
+        LlavaOnevisionConfig,
+        LlavaOnevisionImageProcessor,
+        LlavaOnevisionProcessor,
+        LlavaOnevisionVideoProcessor,
+    )
+
+    tokenizer = _tokenizer(
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<video>"],
+        eos="<|im_end|>",
+        pad="<|endoftext|>",
+    )
+    pinpoints = [[56 * h, 56 * w] for h in range(1, 4) for w in range(1, 4)]
+    image_processor = LlavaOnevisionImageProcessor(
+        size={"height": 56, "width": 56}, image_grid_pinpoints=pinpoints
+    )
+    video_processor = LlavaOnevisionVideoProcessor(size={"height": 56, "width": 56})
+    processor = LlavaOnevisionProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        num_image_tokens=16,
+        vision_feature_select_strategy="full",
+        chat_template=LLAVA_ONEVISION_CHAT_TEMPLATE,
+    )
+    config = LlavaOnevisionConfig(
+        vision_config=_siglip_vision(56),
+        text_config=_text_config(tokenizer, model_type="qwen2"),
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        video_token_id=tokenizer.convert_tokens_to_ids("<video>"),
+        image_grid_pinpoints=pinpoints,
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="full",
+        vision_aspect_ratio="anyres_max_9",
+        architectures=[card.architecture],
+    )
+    _save(folder, config, processor, tokenizer)
+
+
+def _qwen2_vl(card: ModelCard, folder: Path) -> None:
+    """Qwen2-VL: the dynamic-resolution ViT (depth 2) and a Qwen2 text model with M-RoPE."""
+    from transformers import Qwen2VLConfig, Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
+
+    tokenizer = _tokenizer(QWEN_SPECIAL_TOKENS, eos="<|im_end|>", pad="<|endoftext|>")
+    processor = Qwen2VLProcessor(
+        image_processor=Qwen2VLImageProcessor(),
+        video_processor=Qwen2VLVideoProcessor(),
+        tokenizer=tokenizer,
+    )
+    config = Qwen2VLConfig(
+        text_config=_text_config(
+            tokenizer,
+            model_type="qwen2_vl_text",
+            bos_token_id=tokenizer.pad_token_id,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": _mrope_section(HEAD_DIM),
+            },
+        ),
+        vision_config={"depth": 2, "embed_dim": 64, "hidden_size": HIDDEN, "num_heads": 4, "mlp_ratio": 2},
+        **_qwen_token_ids(tokenizer),
+        tie_word_embeddings=False,
+        architectures=[card.architecture],
+    )
+    _save(folder, config, processor, tokenizer)
+
+
+def _qwen2_5_vl(card: ModelCard, folder: Path) -> None:
+    """Qwen2.5-VL: the windowed ViT (depth 2, one full-attention block) and Qwen2 with M-RoPE."""
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLProcessor,
+        Qwen2VLImageProcessor,
+        Qwen2VLVideoProcessor,
+    )
+
+    tokenizer = _tokenizer(QWEN_SPECIAL_TOKENS, eos="<|im_end|>", pad="<|endoftext|>")
+    processor = Qwen2_5_VLProcessor(
+        image_processor=Qwen2VLImageProcessor(),
+        video_processor=Qwen2VLVideoProcessor(),
+        tokenizer=tokenizer,
+    )
+    config = Qwen2_5_VLConfig(
+        text_config=_text_config(
+            tokenizer,
+            model_type="qwen2_5_vl_text",
+            bos_token_id=tokenizer.pad_token_id,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": _mrope_section(HEAD_DIM),
+            },
+        ),
+        vision_config={
+            "depth": 2,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_heads": 2,
+            "out_hidden_size": HIDDEN,
+            "fullatt_block_indexes": [1],
+            "window_size": 112,
+        },
+        **_qwen_token_ids(tokenizer),
+        tie_word_embeddings=False,
+        architectures=[card.architecture],
+    )
+    _save(folder, config, processor, tokenizer)
+
+
+def _qwen_token_ids(tokenizer: Any) -> dict[str, int]:
+    token_id = tokenizer.convert_tokens_to_ids
+    return {
+        "image_token_id": token_id("<|image_pad|>"),
+        "video_token_id": token_id("<|video_pad|>"),
+        "vision_start_token_id": token_id("<|vision_start|>"),
+        "vision_end_token_id": token_id("<|vision_end|>"),
+    }
+
+
+def _paligemma(card: ModelCard, folder: Path, text_model_type: str = "gemma") -> None:
+    """PaliGemma: a SigLIP tower at 56 px (16 image tokens) and a Gemma of head size 32."""
+    from tokenizers import AddedToken
+    from transformers import PaliGemmaConfig, PaliGemmaProcessor, SiglipImageProcessor
+
+    tokenizer = _tokenizer(
+        ["<pad>", "<eos>", "<bos>", "<unk>", "<image>"], eos="<eos>", bos="<bos>", pad="<pad>", unk="<unk>"
+    )
+    # Gemma's SentencePiece vocabulary holds "\n" itself; vLLM's PaliGemma processor looks it up.
+    tokenizer.add_tokens([AddedToken("\n", normalized=False)])
+    image_processor = SiglipImageProcessor(size={"height": 56, "width": 56})
+    image_processor.image_seq_length = 16
+    # The processor adds PaliGemma's location and segmentation tokens to the tokenizer.
+    processor = PaliGemmaProcessor(image_processor=image_processor, tokenizer=tokenizer)
+    config = PaliGemmaConfig(
+        vision_config={**_siglip_vision(56), "projection_dim": HIDDEN},
+        text_config=_text_config(
+            tokenizer, model_type="gemma", head_dim=HEAD_DIM, hidden_activation="gelu_pytorch_tanh"
+        ),
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        projection_dim=HIDDEN,
+        hidden_size=HIDDEN,
+        architectures=[card.architecture],
+    )
+    _save(folder, config, processor, tokenizer)
+
+
+def _paligemma2(card: ModelCard, folder: Path) -> None:
+    """PaliGemma 2: PaliGemma with a Gemma 2 text model (head size 32, sliding window)."""
+    _paligemma(card, folder, text_model_type="gemma2")
+
+
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}\n"
+    "{%- if messages[0]['role'] == 'system' -%}\n"
+    "    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}\n"
+    "    {%- endif -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n"
+    "{%- else -%}\n"
+    '    {%- set first_user_prefix = "" -%}\n'
+    "    {%- set loop_messages = messages -%}\n"
+    "{%- endif -%}\n"
+    "{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    '        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}\n'
+    "    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n"
+    '        {%- set role = "model" -%}\n'
+    "    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n"
+    "        {{ message['content'] | trim }}\n"
+    "    {%- elif message['content'] is iterable -%}\n"
+    "        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'image' -%}\n"
+    "                {{ '<start_of_image>' }}\n"
+    "            {%- elif item['type'] == 'text' -%}\n"
+    "                {{ item['text'] | trim }}\n"
+    "            {%- endif -%}\n"
+    "        {%- endfor -%}\n"
+    "    {%- else -%}\n"
+    '        {{ raise_exception("Invalid content type") }}\n'
+    "    {%- endif -%}\n"
+    "    {{ '<end_of_turn>\\n' }}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "    {{'<start_of_turn>model\\n'}}\n"
+    "{%- endif -%}\n"
+)
+
+
+def _gemma3(card: ModelCard, folder: Path) -> None:
+    """Gemma 3: a SigLIP tower at 56 px pooled to 4 tokens per image (pan and scan as the card
+    asks) and a Gemma 3 text model of head size 32; the processor's chat template."""
+    from tokenizers import AddedToken
+    from transformers import Gemma3Config, Gemma3ImageProcessor, Gemma3Processor
+
+    image_tokens = {
+        "boi_token": "<start_of_image>",
+        "eoi_token": "<end_of_image>",
+        "image_token": "<image_soft_token>",
+    }
+    tokenizer = _tokenizer(
+        ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", *image_tokens.values()],
+        eos="<eos>",
+        bos="<bos>",
+        pad="<pad>",
+        unk="<unk>",
+        extra_special_tokens=image_tokens,
+    )
+    # Gemma's SentencePiece vocabulary holds runs of 1 to 4 newlines; vLLM's processor looks them up.
+    tokenizer.add_tokens([AddedToken("\n" * n, normalized=False) for n in range(1, 5)])
+    image_processor = Gemma3ImageProcessor(
+        size={"height": 56, "width": 56}, pan_and_scan_min_crop_size=28, pan_and_scan_max_num_crops=4
+    )
+    processor = Gemma3Processor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        chat_template=GEMMA3_CHAT_TEMPLATE,
+        image_seq_length=4,
+    )
+    token_id = tokenizer.convert_tokens_to_ids
+    config = Gemma3Config(
+        vision_config={**_siglip_vision(56), "vision_use_head": False},
+        text_config=_text_config(
+            tokenizer,
+            model_type="gemma3_text",
+            head_dim=HEAD_DIM,
+            query_pre_attn_scalar=HEAD_DIM,
+            sliding_window=512,
+        ),
+        mm_tokens_per_image=4,
+        boi_token_index=token_id("<start_of_image>"),
+        eoi_token_index=token_id("<end_of_image>"),
+        image_token_index=token_id("<image_soft_token>"),
+        architectures=[card.architecture],
+    )
+    _save(folder, config, processor, tokenizer)
+
+
+def _qwen3_vl(card: ModelCard, folder: Path) -> None:
+    """Qwen3-VL: the ViT of patch 16 (depth 2, one DeepStack layer) and Qwen3 with interleaved M-RoPE."""
+    from transformers import Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLProcessor, Qwen3VLVideoProcessor
+
+    tokenizer = _tokenizer(QWEN_SPECIAL_TOKENS, eos="<|im_end|>", pad="<|endoftext|>")
+    processor = Qwen3VLProcessor(
+        image_processor=Qwen2VLImageProcessor(patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3),
+        video_processor=Qwen3VLVideoProcessor(patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3),
+        tokenizer=tokenizer,
+    )
+    config = Qwen3VLConfig(
+        text_config=_text_config(
+            tokenizer,
+            model_type="qwen3_vl_text",
+            head_dim=HEAD_DIM,
+            bos_token_id=tokenizer.pad_token_id,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 5000000.0,
+                "mrope_section": [6, 5, 5],
+                "mrope_interleaved": True,
+            },
+        ),
+        vision_config={
+            "depth": 2,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_heads": 2,
+            "out_hidden_size": HIDDEN,
+            "num_position_embeddings": 2304,
+            "deepstack_visual_indexes": [1],
+        },
+        **_qwen_token_ids(tokenizer),
+        tie_word_embeddings=False,
+        architectures=[card.architecture],
+    )
+    _save(folder, config, processor, tokenizer)
+
+
+IDEFICS3_TOKENS = [
+    "<fake_token_around_image>",
+    "<image>",
+    "<end_of_utterance>",
+    "<global-img>",
+    *(f"<row_{row}_col_{col}>" for row in range(1, 7) for col in range(1, 7)),
+]
+
+
+def _idefics3_like(
+    card: ModelCard, folder: Path, *, tile: int, scale: int, bos: str, eos: str, smol: bool
+) -> None:
+    """Idefics3 and SmolVLM: a SigLIP-like tower at the real tile size with tiny widths (the
+    card's `size`/`max_image_size` keep their meaning), pixel shuffle by the real scale factor,
+    and a Llama; images split into tiles plus a global image, with the row/column tags."""
+    import transformers
+
+    prefix = "SmolVLM" if smol else "Idefics3"
+    tokenizer = _tokenizer([bos, eos, "<|im_end|>", *IDEFICS3_TOKENS], eos=eos, bos=bos, pad=eos)
+    image_seq_len = (tile // 14) ** 2 // scale**2
+    image_processor = getattr(transformers, f"{prefix}ImageProcessor")(
+        size={"longest_edge": 4 * tile}, max_image_size={"longest_edge": tile}
+    )
+    parts: dict[str, Any] = {"image_processor": image_processor, "tokenizer": tokenizer}
+    if smol:
+        parts["video_processor"] = transformers.SmolVLMVideoProcessor(
+            size={"longest_edge": tile}, max_image_size={"longest_edge": tile}
+        )
+    processor = getattr(transformers, f"{prefix}Processor")(**parts, image_seq_len=image_seq_len)
+    config = getattr(transformers, f"{prefix}Config")(
+        vision_config={
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "image_size": tile,
+            "patch_size": 14,
+        },
+        text_config=_text_config(tokenizer, model_type="llama"),
+        scale_factor=scale,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        pad_token_id=tokenizer.pad_token_id,
+        architectures=[card.architecture],
+    )
+    _save(folder, config, processor, tokenizer)
+
+
+def _idefics3(card: ModelCard, folder: Path) -> None:
+    """Idefics3-8B: tiles of 364 px, scale factor 2 (169 tokens a tile), Llama 3 tokens."""
+    _idefics3_like(
+        card, folder, tile=364, scale=2, bos="<|begin_of_text|>", eos="<|end_of_text|>", smol=False
+    )
+
+
+def _smolvlm(card: ModelCard, folder: Path) -> None:
+    """SmolVLM2-2.2B: tiles of 384 px, scale factor 3 (81 tokens a tile)."""
+    _idefics3_like(card, folder, tile=384, scale=3, bos="<|im_start|>", eos="<end_of_utterance>", smol=True)
+
+
+def _pixtral_hf(card: ModelCard, folder: Path) -> None:
+    """Pixtral (Hugging Face format): LLaVA with a Pixtral tower (patch 16, images up to 64 px:
+    rows of `[IMG]` closed by `[IMG_BREAK]`, then `[IMG_END]`) and a Mistral text model."""
+    from transformers import LlavaConfig, PixtralImageProcessor, PixtralProcessor
+
+    tokenizer = _tokenizer(
+        ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[IMG]", "[IMG_BREAK]", "[IMG_END]"],
+        eos="</s>",
+        bos="<s>",
+        unk="<unk>",
+    )
+    image_processor = PixtralImageProcessor(size={"longest_edge": 64}, patch_size=16)
+    processor = PixtralProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=16)
+    config = LlavaConfig(
+        vision_config={
+            "model_type": "pixtral",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "head_dim": 32,
+            "image_size": 64,
+            "patch_size": 16,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        text_config=_text_config(tokenizer, model_type="mistral", head_dim=HEAD_DIM, sliding_window=None),
+        image_token_id=tokenizer.convert_tokens_to_ids("[IMG]"),
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="full",
+        projector_hidden_act="gelu",
+        architectures=[card.architecture],
+    )
+    _save(folder, config, processor, tokenizer)
+
+
+def _llava_next_video(card: ModelCard, folder: Path) -> None:
+    """LLaVA-NeXT-Video: a CLIP tower at 196 px, frames pooled by 2 (49 tokens a frame), Llama.
+
+    196 px, not smaller: vLLM's video pooler divides by `image_size // patch_size**2`, zero
+    below 196 px for patch 14."""
+    from transformers import (
+        LlavaNextImageProcessor,
+        LlavaNextVideoConfig,
+        LlavaNextVideoProcessor,
+        LlavaNextVideoVideoProcessor,
+    )
+
+    tokenizer = _tokenizer(
+        ["<unk>", "<s>", "</s>", "<image>", "<video>"], eos="</s>", bos="<s>", unk="<unk>", pad="<unk>"
+    )
+    pinpoints = [[196, 392], [392, 196], [392, 392]]
+    size = {"size": {"shortest_edge": 196}, "crop_size": {"height": 196, "width": 196}}
+    processor = LlavaNextVideoProcessor(
+        video_processor=LlavaNextVideoVideoProcessor(**size),
+        image_processor=LlavaNextImageProcessor(**size, image_grid_pinpoints=pinpoints),
+        tokenizer=tokenizer,
+        patch_size=14,
+        vision_feature_select_strategy="default",
+    )
+    token_id = tokenizer.convert_tokens_to_ids
+    config = LlavaNextVideoConfig(
+        vision_config=_clip_vision(196),
+        text_config=_text_config(tokenizer, model_type="llama"),
+        image_token_index=token_id("<image>"),
+        video_token_index=token_id("<video>"),
+        image_grid_pinpoints=pinpoints,
+        spatial_pool_stride=2,
+        image_seq_length=196,
+        video_seq_length=49,
+        architectures=[card.architecture],
+    )
+    _save(folder, config, processor, tokenizer)
+
+
+def _blip2(card: ModelCard, folder: Path) -> None:
+    """BLIP-2 (OPT): a ViT at 56 px, a one-layer Q-Former of 4 queries, an OPT of head size 32."""
+    from transformers import Blip2Config, Blip2Processor, BlipImageProcessor
+
+    tokenizer = _tokenizer(
+        ["<pad>", "</s>", "<unk>", "<image>"], eos="</s>", bos="</s>", pad="<pad>", unk="<unk>"
+    )
+    processor = Blip2Processor(
+        image_processor=BlipImageProcessor(size={"height": 56, "width": 56}),
+        tokenizer=tokenizer,
+        num_query_tokens=4,
+    )
+    config = Blip2Config(
+        vision_config={
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "image_size": 56,
+            "patch_size": 14,
+        },
+        qformer_config={
+            "hidden_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "intermediate_size": 128,
+            "encoder_hidden_size": 64,
+        },
+        text_config={
+            "model_type": "opt",
+            "vocab_size": len(tokenizer),
+            "hidden_size": HIDDEN,
+            "ffn_dim": HIDDEN * 2,
+            "num_hidden_layers": LAYERS,
+            "num_attention_heads": HEADS,
+            "word_embed_proj_dim": HIDDEN,
+            "max_position_embeddings": 2048,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+        },
+        num_query_tokens=4,
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        architectures=[card.architecture],
+    )
+    _save(folder, config, processor, tokenizer)
+
+
+def _glm4_1v(card: ModelCard, folder: Path) -> None:
+    """GLM-4.1V: the ViT (depth 2) with 2x2 merge and a GLM-4 text model with partial M-RoPE."""
+    from transformers import Glm4vConfig, Glm4vImageProcessor, Glm4vProcessor, Glm4vVideoProcessor
+
+    media = [
+        "<|begin_of_image|>",
+        "<|end_of_image|>",
+        "<|image|>",
+        "<|begin_of_video|>",
+        "<|end_of_video|>",
+        "<|video|>",
+    ]
+    tokenizer = _tokenizer(
+        ["<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", *media],
+        eos="<|endoftext|>",
+        pad="<|endoftext|>",
+    )
+    processor = Glm4vProcessor(
+        image_processor=Glm4vImageProcessor(), video_processor=Glm4vVideoProcessor(), tokenizer=tokenizer
+    )
+    token_id = tokenizer.convert_tokens_to_ids
+    config = Glm4vConfig(
+        text_config=_text_config(
+            tokenizer,
+            model_type="glm4v_text",
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [2, 3, 3],
+                "partial_rotary_factor": 0.5,
+            },
+        ),
+        vision_config={
+            "depth": 2,
+            "hidden_size": 64,
+            "intermediate_size": HIDDEN,
+            "num_heads": 2,
+            "out_hidden_size": HIDDEN,
+        },
+        image_token_id=token_id("<|image|>"),
+        video_token_id=token_id("<|video|>"),
+        image_start_token_id=token_id("<|begin_of_image|>"),
+        image_end_token_id=token_id("<|end_of_image|>"),
+        video_start_token_id=token_id("<|begin_of_video|>"),
+        video_end_token_id=token_id("<|end_of_video|>"),
+        architectures=[card.architecture],
+    )
+    _save(folder, config, processor, tokenizer)
+
+
+# --- registry ------------------------------------------------------------------------------
+
+# Card key -> builder writing the twin's files into a folder.
+TWIN_BUILDERS: dict[str, Callable[[ModelCard, Path], None]] = {
+    "llava": _llava,
+    "llava-next": _llava_next,
+    "llava-onevision": _llava_onevision,
+    "qwen2_vl": _qwen2_vl,
+    "qwen2_5_vl": _qwen2_5_vl,
+    "paligemma": _paligemma,
+    "paligemma2": _paligemma2,
+    "gemma3": _gemma3,
+    "qwen3_vl": _qwen3_vl,
+    "idefics3": _idefics3,
+    "pixtral_hf": _pixtral_hf,
+    "llava-next-video": _llava_next_video,
+    "blip-2": _blip2,
+    "glm4_1v": _glm4_1v,
+}
+
+# Cards that cannot have a twin here, and precisely why.
+why_no_twin: dict[str, str] = {
+    "smolvlm": (
+        "SmolVLMProcessor (which vLLM uses for this model) raises ImportError without the "
+        "`num2words` package, which the project's environment does not install; the real model "
+        "fails the same way here. The builder (_smolvlm) is ready once it is a dependency."
+    ),
+    **{
+        key: f"vLLM 0.32.0's model registry has no {architecture}: no engine to run a twin on"
+        for key, architecture in {
+            "aya_vision": "AyaVisionForConditionalGeneration",
+            "chameleon": "ChameleonForConditionalGeneration",
+            "florence2": "Florence2ForConditionalGeneration",
+            "fuyu": "FuyuForCausalLM",
+            "hyperclovax_seed_vision": "HCXVisionForCausalLM",
+            "mantis": "MantisForConditionalGeneration",
+            "minimax_vl_01": "MiniMaxVL01ForConditionalGeneration",
+            "mllama": "MllamaForConditionalGeneration",
+            "phi4_multimodal": "Phi4MultimodalForCausalLM",
+            "qwen_vl": "QwenVLForConditionalGeneration",
+            "tarsier": "TarsierForConditionalGeneration",
+            "tarsier2": "Tarsier2ForConditionalGeneration",
+        }.items()
+    },
+}
+
+
+def build_twin(card: ModelCard, root: Path) -> Path:
+    """The twin of `card` under `root` (built once: a marker with the version caches it)."""
+    try:
+        builder = TWIN_BUILDERS[card.key]
+    except KeyError:
+        reason = why_no_twin.get(card.key, "no twin builder is written for it yet")
+        raise KeyError(f"{card.key}: no twin: {reason}") from None
+    folder = Path(root) / card.key
+    marker = folder / MARKER
+    stamp = {"version": TWIN_VERSION, "card": card.key, "architecture": card.architecture}
+    if marker.is_file() and json.loads(marker.read_text()) == stamp:
+        return folder
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    builder(card, folder)
+    marker.write_text(json.dumps(stamp))
+    return folder
+
+
+def twin_settings(folders: dict[str, Path], **overrides: Any) -> Settings:
+    """CPU settings that point each card at its twin's folder (one engine at a time), with
+    vLLM's random weights (`load_format="dummy"`: twins hold no weights)."""
+    values: dict[str, Any] = {
+        "gpu_count": 0,
+        "cpu_kv_cache_bytes": 64 * 2**20,
+        "idle_unload_s": 0,
+        "drain_timeout_s": 60,
+        "max_resident": 1,
+        "model_folders": dict(folders),
+        "load_format": "dummy",
+    }
+    values.update(overrides)
+    return Settings(**values)
