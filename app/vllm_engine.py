@@ -354,8 +354,21 @@ def _video_input(video: Any, with_metadata: bool) -> Any:
     """A `VideoClip` (frames, metadata, timestamps), a (frames, metadata) pair, or frames."""
     if isinstance(video, tuple) and len(video) >= 2:
         frames, metadata = video[0], video[1]
-        return (frames, metadata) if with_metadata else frames
+        return (frames, vllm_video_metadata(metadata)) if with_metadata else frames
     return video
+
+
+# The keys vLLM's own video loader gives processors (transformers' VideoMetadata takes no others).
+VLLM_VIDEO_METADATA_KEYS = ("total_num_frames", "fps", "duration", "video_backend", "frames_indices")
+
+
+def vllm_video_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The app's clip metadata as vLLM's loader writes it: its keys only (Qwen3-VL and GLM-4.1V
+    refuse others, such as the codec), and `do_sample_frames` off, since the frames already are
+    the app's sample (GLM-4.1V reads the flag; a processor sampling again would drop frames)."""
+    return {key: metadata[key] for key in VLLM_VIDEO_METADATA_KEYS if key in metadata} | {
+        "do_sample_frames": False
+    }
 
 
 def explain_build_error(card: ModelCard, error: BaseException) -> str:

@@ -83,21 +83,9 @@ REAL = {
 TWINS = sorted(TWIN_BUILDERS)
 
 # Real defects the twins found, left for their fix (strict: a fix makes these tests pass loudly).
-VIDEO_DEFECTS = {
-    "qwen2_5_vl": (
-        "the card lacks `video_metadata: true`; vLLM 0.32's Qwen2.5-VL refuses a video without it: "
-        "'Video metadata is required but not found in mm input'"
-    ),
-    "qwen3_vl": (
-        "app.media's video metadata carries a `codec` key; vLLM's Qwen3-VL builds transformers' "
-        "VideoMetadata(**metadata), which raises TypeError on it"
-    ),
-    "glm4_1v": (
-        "app.media's video metadata carries `codec` (TypeError in VideoMetadata) and lacks "
-        "`do_sample_frames` (False: frames already sampled), which vLLM's GLM-4.1V reads as "
-        "metadata['do_sample_frames'] (KeyError)"
-    ),
-}
+# Videos the real engine refused until their defect was fixed (empty: none left); a key here
+# turns the case into a strict expected failure, so a fix shows up as a test to update.
+VIDEO_DEFECTS: dict[str, str] = {}
 
 
 def picture(seed: int, size: int = 96) -> Image.Image:
