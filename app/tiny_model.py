@@ -103,9 +103,7 @@ def build_tiny_vlm(folder: Path, variant: str = "tiny-a", seed: int = 0) -> Path
         return folder
     # Imported here: the UI process lists the catalog without loading torch or transformers.
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (
-        PreTrainedTokenizerFast,
         Qwen2VLConfig,
         Qwen2VLForConditionalGeneration,
         Qwen2VLImageProcessor,
@@ -113,22 +111,17 @@ def build_tiny_vlm(folder: Path, variant: str = "tiny-a", seed: int = 0) -> Path
         Qwen2VLVideoProcessor,
     )
 
+    from app.twins import mrope_section, train_tokenizer
+
     folder.mkdir(parents=True, exist_ok=True)
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=512, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    tokenizer = train_tokenizer(
+        SPECIAL_TOKENS,
+        eos="<|im_end|>",
+        pad="<|endoftext|>",
+        chat_template=CHAT_TEMPLATE,
+        max_length=MAX_MODEL_LEN,
+        text=TRAINING_TEXT,
     )
-    bpe.train_from_iterator(TRAINING_TEXT, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
-        eos_token="<|im_end|>",  # noqa: S106 - a token, not a password
-        pad_token="<|endoftext|>",  # noqa: S106 - a token, not a password
-        additional_special_tokens=SPECIAL_TOKENS[1:],
-        model_max_length=MAX_MODEL_LEN,
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
     token_id = tokenizer.convert_tokens_to_ids
     pixels = {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS}
     processor = Qwen2VLProcessor(
@@ -150,7 +143,7 @@ def build_tiny_vlm(folder: Path, variant: str = "tiny-a", seed: int = 0) -> Path
             "rope_parameters": {
                 "rope_type": "default",
                 "rope_theta": 10000.0,
-                "mrope_section": _mrope_section(head_dim),
+                "mrope_section": mrope_section(head_dim),
             },
             "bos_token_id": token_id("<|endoftext|>"),
             "eos_token_id": token_id("<|im_end|>"),
@@ -177,14 +170,6 @@ def build_tiny_vlm(folder: Path, variant: str = "tiny-a", seed: int = 0) -> Path
     tokenizer.save_pretrained(folder)
     marker.write_text(json.dumps({"variant": variant, "seed": seed}))
     return folder
-
-
-def _mrope_section(head_dim: int) -> list[int]:
-    """Splits half the head size over time, height and width as Qwen2-VL does (16:24:24 of 64)."""
-    half = head_dim // 2
-    time = half // 4
-    height = (half - time) // 2
-    return [time, height, half - time - height]
 
 
 def tiny_card(key: str, folder: Path, variant: str = "tiny-a") -> ModelCard:

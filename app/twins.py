@@ -92,7 +92,7 @@ QWEN_SPECIAL_TOKENS = [
 # --- shared pieces -------------------------------------------------------------------------
 
 
-def _tokenizer(
+def train_tokenizer(
     special_tokens: list[str],
     *,
     eos: str,
@@ -102,8 +102,10 @@ def _tokenizer(
     chat_template: str | None = None,
     max_length: int = MAX_POSITIONS,
     extra_special_tokens: dict[str, str] | None = None,
+    text: list[str] | None = None,
 ) -> Any:
-    """A byte-level BPE tokenizer trained on a few lines, with the model's special tokens."""
+    """A byte-level BPE tokenizer trained on a few lines (`text`, else the twins'), with the
+    model's special tokens; the tiny demo models and the GPU check build theirs with it too."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -111,9 +113,12 @@ def _tokenizer(
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=512, special_tokens=special_tokens, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=512,
+        special_tokens=special_tokens,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
-    bpe.train_from_iterator(TRAINING_TEXT, trainer=trainer)
+    bpe.train_from_iterator(text or TRAINING_TEXT, trainer=trainer)
     named = {"eos_token": eos, "pad_token": pad, "bos_token": bos, "unk_token": unk}
     named = {k: v for k, v in named.items() if v is not None}
     tokenizer = PreTrainedTokenizerFast(
@@ -147,7 +152,7 @@ def _text_config(tokenizer: Any, **extra: Any) -> dict[str, Any]:
     return config
 
 
-def _mrope_section(head_dim: int) -> list[int]:
+def mrope_section(head_dim: int) -> list[int]:
     """Half the head size split over time, height and width as Qwen2-VL does (16:24:24 of 64)."""
     half = head_dim // 2
     time = half // 4
@@ -193,7 +198,7 @@ def _llava(card: ModelCard, folder: Path) -> None:
     """LLaVA-1.5: a CLIP tower at 56 px (16 patches) and a Llama; `<image>` placeholder."""
     from transformers import CLIPImageProcessor, LlavaConfig, LlavaProcessor
 
-    tokenizer = _tokenizer(
+    tokenizer = train_tokenizer(
         ["<unk>", "<s>", "</s>", "<image>", "<pad>"], eos="</s>", bos="<s>", unk="<unk>", pad="<pad>"
     )
     image_processor = CLIPImageProcessor(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56})
@@ -220,7 +225,7 @@ def _llava_next(card: ModelCard, folder: Path) -> None:
     """LLaVA-NeXT (Mistral): a CLIP tower at 56 px with any-resolution tiles of 56 px."""
     from transformers import LlavaNextConfig, LlavaNextImageProcessor, LlavaNextProcessor
 
-    tokenizer = _tokenizer(["<unk>", "<s>", "</s>", "<image>"], eos="</s>", bos="<s>", unk="<unk>")
+    tokenizer = train_tokenizer(["<unk>", "<s>", "</s>", "<image>"], eos="</s>", bos="<s>", unk="<unk>")
     pinpoints = [[56, 112], [112, 56], [112, 112]]
     image_processor = LlavaNextImageProcessor(
         size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56}, image_grid_pinpoints=pinpoints
@@ -252,7 +257,7 @@ def _llava_onevision(card: ModelCard, folder: Path) -> None:
         LlavaOnevisionVideoProcessor,
     )
 
-    tokenizer = _tokenizer(
+    tokenizer = train_tokenizer(
         ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<video>"],
         eos="<|im_end|>",
         pad="<|endoftext|>",
@@ -288,7 +293,7 @@ def _qwen2_vl(card: ModelCard, folder: Path) -> None:
     """Qwen2-VL: the dynamic-resolution ViT (depth 2) and a Qwen2 text model with M-RoPE."""
     from transformers import Qwen2VLConfig, Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
 
-    tokenizer = _tokenizer(QWEN_SPECIAL_TOKENS, eos="<|im_end|>", pad="<|endoftext|>")
+    tokenizer = train_tokenizer(QWEN_SPECIAL_TOKENS, eos="<|im_end|>", pad="<|endoftext|>")
     processor = Qwen2VLProcessor(
         image_processor=Qwen2VLImageProcessor(),
         video_processor=Qwen2VLVideoProcessor(),
@@ -302,7 +307,7 @@ def _qwen2_vl(card: ModelCard, folder: Path) -> None:
             rope_parameters={
                 "rope_type": "default",
                 "rope_theta": 10000.0,
-                "mrope_section": _mrope_section(HEAD_DIM),
+                "mrope_section": mrope_section(HEAD_DIM),
             },
         ),
         vision_config={"depth": 2, "embed_dim": 64, "hidden_size": HIDDEN, "num_heads": 4, "mlp_ratio": 2},
@@ -322,7 +327,7 @@ def _qwen2_5_vl(card: ModelCard, folder: Path) -> None:
         Qwen2VLVideoProcessor,
     )
 
-    tokenizer = _tokenizer(QWEN_SPECIAL_TOKENS, eos="<|im_end|>", pad="<|endoftext|>")
+    tokenizer = train_tokenizer(QWEN_SPECIAL_TOKENS, eos="<|im_end|>", pad="<|endoftext|>")
     processor = Qwen2_5_VLProcessor(
         image_processor=Qwen2VLImageProcessor(),
         video_processor=Qwen2VLVideoProcessor(),
@@ -336,7 +341,7 @@ def _qwen2_5_vl(card: ModelCard, folder: Path) -> None:
             rope_parameters={
                 "rope_type": "default",
                 "rope_theta": 10000.0,
-                "mrope_section": _mrope_section(HEAD_DIM),
+                "mrope_section": mrope_section(HEAD_DIM),
             },
         ),
         vision_config={
@@ -370,7 +375,7 @@ def _paligemma(card: ModelCard, folder: Path, text_model_type: str = "gemma") ->
     from tokenizers import AddedToken
     from transformers import PaliGemmaConfig, PaliGemmaProcessor, SiglipImageProcessor
 
-    tokenizer = _tokenizer(
+    tokenizer = train_tokenizer(
         ["<pad>", "<eos>", "<bos>", "<unk>", "<image>"], eos="<eos>", bos="<bos>", pad="<pad>", unk="<unk>"
     )
     # Gemma's SentencePiece vocabulary holds "\n" itself; vLLM's PaliGemma processor looks it up.
@@ -452,7 +457,7 @@ def _gemma3(card: ModelCard, folder: Path) -> None:
         "eoi_token": "<end_of_image>",
         "image_token": "<image_soft_token>",
     }
-    tokenizer = _tokenizer(
+    tokenizer = train_tokenizer(
         ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", *image_tokens.values()],
         eos="<eos>",
         bos="<bos>",
@@ -494,7 +499,7 @@ def _qwen3_vl(card: ModelCard, folder: Path) -> None:
     """Qwen3-VL: the ViT of patch 16 (depth 2, one DeepStack layer) and Qwen3 with interleaved M-RoPE."""
     from transformers import Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLProcessor, Qwen3VLVideoProcessor
 
-    tokenizer = _tokenizer(QWEN_SPECIAL_TOKENS, eos="<|im_end|>", pad="<|endoftext|>")
+    tokenizer = train_tokenizer(QWEN_SPECIAL_TOKENS, eos="<|im_end|>", pad="<|endoftext|>")
     processor = Qwen3VLProcessor(
         image_processor=Qwen2VLImageProcessor(patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3),
         video_processor=Qwen3VLVideoProcessor(patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3),
@@ -547,7 +552,7 @@ def _idefics3_like(
     import transformers
 
     prefix = "SmolVLM" if smol else "Idefics3"
-    tokenizer = _tokenizer([bos, eos, "<|im_end|>", *IDEFICS3_TOKENS], eos=eos, bos=bos, pad=eos)
+    tokenizer = train_tokenizer([bos, eos, "<|im_end|>", *IDEFICS3_TOKENS], eos=eos, bos=bos, pad=eos)
     image_seq_len = (tile // 14) ** 2 // scale**2
     image_processor = getattr(transformers, f"{prefix}ImageProcessor")(
         size={"longest_edge": 4 * tile}, max_image_size={"longest_edge": tile}
@@ -593,7 +598,7 @@ def _pixtral_hf(card: ModelCard, folder: Path) -> None:
     rows of `[IMG]` closed by `[IMG_BREAK]`, then `[IMG_END]`) and a Mistral text model."""
     from transformers import LlavaConfig, PixtralImageProcessor, PixtralProcessor
 
-    tokenizer = _tokenizer(
+    tokenizer = train_tokenizer(
         ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[IMG]", "[IMG_BREAK]", "[IMG_END]"],
         eos="</s>",
         bos="<s>",
@@ -635,7 +640,7 @@ def _llava_next_video(card: ModelCard, folder: Path) -> None:
         LlavaNextVideoVideoProcessor,
     )
 
-    tokenizer = _tokenizer(
+    tokenizer = train_tokenizer(
         ["<unk>", "<s>", "</s>", "<image>", "<video>"], eos="</s>", bos="<s>", unk="<unk>", pad="<unk>"
     )
     pinpoints = [[196, 392], [392, 196], [392, 392]]
@@ -666,7 +671,7 @@ def _blip2(card: ModelCard, folder: Path) -> None:
     """BLIP-2 (OPT): a ViT at 56 px, a one-layer Q-Former of 4 queries, an OPT of head size 32."""
     from transformers import Blip2Config, Blip2Processor, BlipImageProcessor
 
-    tokenizer = _tokenizer(
+    tokenizer = train_tokenizer(
         ["<pad>", "</s>", "<unk>", "<image>"], eos="</s>", bos="</s>", pad="<pad>", unk="<unk>"
     )
     processor = Blip2Processor(
@@ -722,7 +727,7 @@ def _glm4_1v(card: ModelCard, folder: Path) -> None:
         "<|end_of_video|>",
         "<|video|>",
     ]
-    tokenizer = _tokenizer(
+    tokenizer = train_tokenizer(
         ["<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", *media],
         eos="<|endoftext|>",
         pad="<|endoftext|>",

@@ -156,35 +156,18 @@ def log(message: str) -> None:
 
 
 def train_tokenizer() -> Any:
-    """Qwen2-VL's special tokens and chat template on a byte-level BPE trained here.
+    """Qwen2-VL's special tokens and chat template on a byte-level BPE trained here: the demo
+    models' tokenizer (`app.tiny_model`), at this check's context length."""
+    from app.twins import train_tokenizer as train
 
-    Copied from `app.tiny_model.build_tiny_vlm`, which builds its tokenizer inline (not as a
-    function of its own); the special tokens, chat template and training text are imported from
-    it so both stay the same tokenizer. Only the trainer's progress bar is left out (it would
-    print blank lines into the summary).
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=512,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+    return train(
+        SPECIAL_TOKENS,
+        eos="<|im_end|>",
+        pad="<|endoftext|>",
+        chat_template=CHAT_TEMPLATE,
+        max_length=MAX_POSITION_EMBEDDINGS,
+        text=TRAINING_TEXT,
     )
-    bpe.train_from_iterator(TRAINING_TEXT, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
-        eos_token="<|im_end|>",  # noqa: S106 - a token, not a password
-        pad_token="<|endoftext|>",  # noqa: S106 - a token, not a password
-        additional_special_tokens=SPECIAL_TOKENS[1:],
-        model_max_length=MAX_POSITION_EMBEDDINGS,
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
 
 
 def model_config(spec: ModelSpec, tokenizer: Any) -> Any:
