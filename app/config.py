@@ -118,6 +118,8 @@ class Settings:
     model_folders: dict[str, Path] = field(default_factory=dict)
     # vLLM's load_format for local engines: "dummy" makes random weights (twins, benchmarks).
     load_format: str | None = None
+    # Overrides every card's tensor_parallel_size (twins on CPU run at 1); None: the card's.
+    tensor_parallel_size: int | None = None
     remote_engines: dict[str, str] = field(default_factory=dict)
     hf_cache: Path | None = None
     # --- the web app ---

@@ -120,6 +120,8 @@ class VllmEngineFactory:
             args["download_dir"] = str(settings.hf_cache)
         if settings.load_format is not None:
             args["load_format"] = settings.load_format
+        if settings.tensor_parallel_size is not None:
+            args["tensor_parallel_size"] = settings.tensor_parallel_size
         return args
 
     async def build(

@@ -1,195 +1,27 @@
-"""Tiny "twins" of real catalog cards, so each card can run through the real vLLM engine on CPU.
-
-A twin is a local folder holding what vLLM reads for the card's model except the weights: a
-config of the same architecture (`architectures` and `model_type` equal the real model's) at
-tiny sizes, a tokenizer with the model's special tokens (a byte-level BPE trained here on a few
-lines), the chat template where the card renders through one, and the processor class the
-model uses, sized for vLLM's CPU backend (text head size 32, two layers). vLLM makes random
-weights itself with `load_format="dummy"`, so nothing is downloaded and no checkpoint layout
-matters. The card itself is not changed: `Settings.model_folders` points it at the twin.
-
-Only sizes and the context length differ from the real model. Random weights answer nonsense;
-what a twin proves is that vLLM's own processor accepts the card's prompt with the app's media.
-"""
+"""Twins of architectures whose config and processor classes ship in transformers."""
 
 from __future__ import annotations
 
-import json
-import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from app.cards import ModelCard
-from app.config import Settings
-
-# Bump when any builder changes: cached twins of another version are rebuilt.
-TWIN_VERSION = 1
-MARKER = "twin.json"
-
-TRAINING_TEXT = [
-    "A photo of a cat sitting on a red chair next to the window.",
-    "What is in this image? Describe the video in detail, frame by frame.",
-    "The quick brown fox jumps over the lazy dog. 0123456789 !?.,;:'\"()[]{}",
-    "Vision language models answer questions about pictures and clips.",
-    "USER: ASSISTANT: User: Assistant: system user assistant model caption en answer en ocr",
-]
-
-# Text model sizes shared by the twins: head size 32, the smallest vLLM's CPU attention takes.
-HIDDEN, HEADS, KV_HEADS, LAYERS = 128, 4, 2, 2
-HEAD_DIM = HIDDEN // HEADS
-MAX_POSITIONS = 32768
-
-# The processors' chat templates, as the real models ship them (chat_template.json), for cards
-# that render several images through the processor's template.
-LLAVA_1_5_CHAT_TEMPLATE = (
-    "{% for message in messages %}{% if message['role'] != 'system' %}"
-    "{{ message['role'].upper() + ': '}}{% endif %}"
-    "{# Render all images first #}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
-    "{{ '<image>\n' }}{% endfor %}"
-    "{# Render all text next #}"
-    "{% if message['role'] != 'assistant' %}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
-    "{{ content['text'] + ' '}}{% endfor %}"
-    "{% else %}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
-    "{% generation %}{{ content['text'] + ' '}}{% endgeneration %}{% endfor %}"
-    "{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+from app.twins.common import (
+    HEAD_DIM,
+    HEADS,
+    HIDDEN,
+    LAYERS,
+    LLAVA_1_5_CHAT_TEMPLATE,
+    LLAVA_ONEVISION_CHAT_TEMPLATE,
+    QWEN_SPECIAL_TOKENS,
+    Builder,
+    clip_vision,
+    mrope_section,
+    save,
+    siglip_vision,
+    text_config,
+    train_tokenizer,
 )
-
-LLAVA_ONEVISION_CHAT_TEMPLATE = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + ' '}}"
-    "{# Render all images first #}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
-    "{{ '<image>' }}{% endfor %}"
-    "{# Render all video then #}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}"
-    "{{ '<video>' }}{% endfor %}"
-    "{# Render all text next #}"
-    "{% if message['role'] != 'assistant' %}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
-    "{{ '\n' + content['text'] }}{% endfor %}"
-    "{% else %}"
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
-    "{% generation %}{{ '\n' + content['text'] }}{% endgeneration %}{% endfor %}"
-    "{% endif %}{{'<|im_end|>'}}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-QWEN_SPECIAL_TOKENS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-]
-
-
-# --- shared pieces -------------------------------------------------------------------------
-
-
-def train_tokenizer(
-    special_tokens: list[str],
-    *,
-    eos: str,
-    pad: str | None = None,
-    bos: str | None = None,
-    unk: str | None = None,
-    chat_template: str | None = None,
-    max_length: int = MAX_POSITIONS,
-    extra_special_tokens: dict[str, str] | None = None,
-    text: list[str] | None = None,
-) -> Any:
-    """A byte-level BPE tokenizer trained on a few lines (`text`, else the twins'), with the
-    model's special tokens; the tiny demo models and the GPU check build theirs with it too."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE(unk_token=unk))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=512,
-        special_tokens=special_tokens,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(text or TRAINING_TEXT, trainer=trainer)
-    named = {"eos_token": eos, "pad_token": pad, "bos_token": bos, "unk_token": unk}
-    named = {k: v for k, v in named.items() if v is not None}
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
-        additional_special_tokens=[t for t in special_tokens if t not in named.values()],
-        model_max_length=max_length,
-        **named,
-        **({"extra_special_tokens": extra_special_tokens} if extra_special_tokens else {}),
-    )
-    if chat_template is not None:
-        tokenizer.chat_template = chat_template
-    return tokenizer
-
-
-def _text_config(tokenizer: Any, **extra: Any) -> dict[str, Any]:
-    """A two-layer text model of head size 32 over the twin's vocabulary."""
-    config = {
-        "vocab_size": len(tokenizer),
-        "hidden_size": HIDDEN,
-        "intermediate_size": HIDDEN * 2,
-        "num_hidden_layers": LAYERS,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS,
-        "max_position_embeddings": MAX_POSITIONS,
-        "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
-    }
-    if tokenizer.bos_token_id is not None:
-        config["bos_token_id"] = tokenizer.bos_token_id
-    config.update(extra)
-    return config
-
-
-def mrope_section(head_dim: int) -> list[int]:
-    """Half the head size split over time, height and width as Qwen2-VL does (16:24:24 of 64)."""
-    half = head_dim // 2
-    time = half // 4
-    height = (half - time) // 2
-    return [time, height, half - time - height]
-
-
-def _save(folder: Path, config: Any, processor: Any, tokenizer: Any) -> None:
-    config.save_pretrained(folder)
-    processor.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-
-
-def _clip_vision(image_size: int) -> dict[str, Any]:
-    return {
-        "model_type": "clip_vision_model",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "image_size": image_size,
-        "patch_size": 14,
-        "projection_dim": 64,
-    }
-
-
-def _siglip_vision(image_size: int) -> dict[str, Any]:
-    return {
-        "model_type": "siglip_vision_model",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "image_size": image_size,
-        "patch_size": 14,
-    }
-
 
 # --- builders, one per architecture --------------------------------------------------------
 
@@ -210,15 +42,15 @@ def _llava(card: ModelCard, folder: Path) -> None:
         chat_template=LLAVA_1_5_CHAT_TEMPLATE,
     )
     config = LlavaConfig(
-        vision_config=_clip_vision(56),
-        text_config=_text_config(tokenizer, model_type="llama"),
+        vision_config=clip_vision(56),
+        text_config=text_config(tokenizer, model_type="llama"),
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
         vision_feature_layer=-2,
         vision_feature_select_strategy="default",
         projector_hidden_act="gelu",
         architectures=[card.architecture],
     )
-    _save(folder, config, processor, tokenizer)
+    save(folder, config, processor, tokenizer)
 
 
 def _llava_next(card: ModelCard, folder: Path) -> None:
@@ -237,15 +69,15 @@ def _llava_next(card: ModelCard, folder: Path) -> None:
         vision_feature_select_strategy="default",
     )
     config = LlavaNextConfig(
-        vision_config=_clip_vision(56),
-        text_config=_text_config(tokenizer, model_type="mistral", sliding_window=None),
+        vision_config=clip_vision(56),
+        text_config=text_config(tokenizer, model_type="mistral", sliding_window=None),
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
         image_grid_pinpoints=pinpoints,
         vision_feature_layer=-2,
         vision_feature_select_strategy="default",
         architectures=[card.architecture],
     )
-    _save(folder, config, processor, tokenizer)
+    save(folder, config, processor, tokenizer)
 
 
 def _llava_onevision(card: ModelCard, folder: Path) -> None:
@@ -276,8 +108,8 @@ def _llava_onevision(card: ModelCard, folder: Path) -> None:
         chat_template=LLAVA_ONEVISION_CHAT_TEMPLATE,
     )
     config = LlavaOnevisionConfig(
-        vision_config=_siglip_vision(56),
-        text_config=_text_config(tokenizer, model_type="qwen2"),
+        vision_config=siglip_vision(56),
+        text_config=text_config(tokenizer, model_type="qwen2"),
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
         video_token_id=tokenizer.convert_tokens_to_ids("<video>"),
         image_grid_pinpoints=pinpoints,
@@ -286,7 +118,7 @@ def _llava_onevision(card: ModelCard, folder: Path) -> None:
         vision_aspect_ratio="anyres_max_9",
         architectures=[card.architecture],
     )
-    _save(folder, config, processor, tokenizer)
+    save(folder, config, processor, tokenizer)
 
 
 def _qwen2_vl(card: ModelCard, folder: Path) -> None:
@@ -300,7 +132,7 @@ def _qwen2_vl(card: ModelCard, folder: Path) -> None:
         tokenizer=tokenizer,
     )
     config = Qwen2VLConfig(
-        text_config=_text_config(
+        text_config=text_config(
             tokenizer,
             model_type="qwen2_vl_text",
             bos_token_id=tokenizer.pad_token_id,
@@ -315,7 +147,7 @@ def _qwen2_vl(card: ModelCard, folder: Path) -> None:
         tie_word_embeddings=False,
         architectures=[card.architecture],
     )
-    _save(folder, config, processor, tokenizer)
+    save(folder, config, processor, tokenizer)
 
 
 def _qwen2_5_vl(card: ModelCard, folder: Path) -> None:
@@ -334,7 +166,7 @@ def _qwen2_5_vl(card: ModelCard, folder: Path) -> None:
         tokenizer=tokenizer,
     )
     config = Qwen2_5_VLConfig(
-        text_config=_text_config(
+        text_config=text_config(
             tokenizer,
             model_type="qwen2_5_vl_text",
             bos_token_id=tokenizer.pad_token_id,
@@ -357,7 +189,7 @@ def _qwen2_5_vl(card: ModelCard, folder: Path) -> None:
         tie_word_embeddings=False,
         architectures=[card.architecture],
     )
-    _save(folder, config, processor, tokenizer)
+    save(folder, config, processor, tokenizer)
 
 
 def _qwen_token_ids(tokenizer: Any) -> dict[str, int]:
@@ -385,8 +217,8 @@ def _paligemma(card: ModelCard, folder: Path, text_model_type: str = "gemma") ->
     # The processor adds PaliGemma's location and segmentation tokens to the tokenizer.
     processor = PaliGemmaProcessor(image_processor=image_processor, tokenizer=tokenizer)
     config = PaliGemmaConfig(
-        vision_config={**_siglip_vision(56), "projection_dim": HIDDEN},
-        text_config=_text_config(
+        vision_config={**siglip_vision(56), "projection_dim": HIDDEN},
+        text_config=text_config(
             tokenizer, model_type="gemma", head_dim=HEAD_DIM, hidden_activation="gelu_pytorch_tanh"
         ),
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
@@ -394,7 +226,7 @@ def _paligemma(card: ModelCard, folder: Path, text_model_type: str = "gemma") ->
         hidden_size=HIDDEN,
         architectures=[card.architecture],
     )
-    _save(folder, config, processor, tokenizer)
+    save(folder, config, processor, tokenizer)
 
 
 def _paligemma2(card: ModelCard, folder: Path) -> None:
@@ -478,8 +310,8 @@ def _gemma3(card: ModelCard, folder: Path) -> None:
     )
     token_id = tokenizer.convert_tokens_to_ids
     config = Gemma3Config(
-        vision_config={**_siglip_vision(56), "vision_use_head": False},
-        text_config=_text_config(
+        vision_config={**siglip_vision(56), "vision_use_head": False},
+        text_config=text_config(
             tokenizer,
             model_type="gemma3_text",
             head_dim=HEAD_DIM,
@@ -492,7 +324,7 @@ def _gemma3(card: ModelCard, folder: Path) -> None:
         image_token_index=token_id("<image_soft_token>"),
         architectures=[card.architecture],
     )
-    _save(folder, config, processor, tokenizer)
+    save(folder, config, processor, tokenizer)
 
 
 def _qwen3_vl(card: ModelCard, folder: Path) -> None:
@@ -506,7 +338,7 @@ def _qwen3_vl(card: ModelCard, folder: Path) -> None:
         tokenizer=tokenizer,
     )
     config = Qwen3VLConfig(
-        text_config=_text_config(
+        text_config=text_config(
             tokenizer,
             model_type="qwen3_vl_text",
             head_dim=HEAD_DIM,
@@ -531,7 +363,7 @@ def _qwen3_vl(card: ModelCard, folder: Path) -> None:
         tie_word_embeddings=False,
         architectures=[card.architecture],
     )
-    _save(folder, config, processor, tokenizer)
+    save(folder, config, processor, tokenizer)
 
 
 IDEFICS3_TOKENS = [
@@ -572,13 +404,13 @@ def _idefics3_like(
             "image_size": tile,
             "patch_size": 14,
         },
-        text_config=_text_config(tokenizer, model_type="llama"),
+        text_config=text_config(tokenizer, model_type="llama"),
         scale_factor=scale,
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
         pad_token_id=tokenizer.pad_token_id,
         architectures=[card.architecture],
     )
-    _save(folder, config, processor, tokenizer)
+    save(folder, config, processor, tokenizer)
 
 
 def _idefics3(card: ModelCard, folder: Path) -> None:
@@ -618,14 +450,14 @@ def _pixtral_hf(card: ModelCard, folder: Path) -> None:
             "patch_size": 16,
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
         },
-        text_config=_text_config(tokenizer, model_type="mistral", head_dim=HEAD_DIM, sliding_window=None),
+        text_config=text_config(tokenizer, model_type="mistral", head_dim=HEAD_DIM, sliding_window=None),
         image_token_id=tokenizer.convert_tokens_to_ids("[IMG]"),
         vision_feature_layer=-1,
         vision_feature_select_strategy="full",
         projector_hidden_act="gelu",
         architectures=[card.architecture],
     )
-    _save(folder, config, processor, tokenizer)
+    save(folder, config, processor, tokenizer)
 
 
 def _llava_next_video(card: ModelCard, folder: Path) -> None:
@@ -654,8 +486,8 @@ def _llava_next_video(card: ModelCard, folder: Path) -> None:
     )
     token_id = tokenizer.convert_tokens_to_ids
     config = LlavaNextVideoConfig(
-        vision_config=_clip_vision(196),
-        text_config=_text_config(tokenizer, model_type="llama"),
+        vision_config=clip_vision(196),
+        text_config=text_config(tokenizer, model_type="llama"),
         image_token_index=token_id("<image>"),
         video_token_index=token_id("<video>"),
         image_grid_pinpoints=pinpoints,
@@ -664,7 +496,7 @@ def _llava_next_video(card: ModelCard, folder: Path) -> None:
         video_seq_length=49,
         architectures=[card.architecture],
     )
-    _save(folder, config, processor, tokenizer)
+    save(folder, config, processor, tokenizer)
 
 
 def _blip2(card: ModelCard, folder: Path) -> None:
@@ -712,7 +544,7 @@ def _blip2(card: ModelCard, folder: Path) -> None:
         image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
         architectures=[card.architecture],
     )
-    _save(folder, config, processor, tokenizer)
+    save(folder, config, processor, tokenizer)
 
 
 def _glm4_1v(card: ModelCard, folder: Path) -> None:
@@ -737,7 +569,7 @@ def _glm4_1v(card: ModelCard, folder: Path) -> None:
     )
     token_id = tokenizer.convert_tokens_to_ids
     config = Glm4vConfig(
-        text_config=_text_config(
+        text_config=text_config(
             tokenizer,
             model_type="glm4v_text",
             rope_parameters={
@@ -762,13 +594,11 @@ def _glm4_1v(card: ModelCard, folder: Path) -> None:
         video_end_token_id=token_id("<|end_of_video|>"),
         architectures=[card.architecture],
     )
-    _save(folder, config, processor, tokenizer)
+    save(folder, config, processor, tokenizer)
 
-
-# --- registry ------------------------------------------------------------------------------
 
 # Card key -> builder writing the twin's files into a folder.
-TWIN_BUILDERS: dict[str, Callable[[ModelCard, Path], None]] = {
+BUILDERS: dict[str, Builder] = {
     "llava": _llava,
     "llava-next": _llava_next,
     "llava-onevision": _llava_onevision,
@@ -786,7 +616,7 @@ TWIN_BUILDERS: dict[str, Callable[[ModelCard, Path], None]] = {
 }
 
 # Cards that cannot have a twin here, and precisely why.
-why_no_twin: dict[str, str] = {
+WHY_NOT: dict[str, str] = {
     "smolvlm": (
         "SmolVLMProcessor (which vLLM uses for this model) raises ImportError without the "
         "`num2words` package, which the project's environment does not install; the real model "
@@ -810,39 +640,3 @@ why_no_twin: dict[str, str] = {
         }.items()
     },
 }
-
-
-def build_twin(card: ModelCard, root: Path) -> Path:
-    """The twin of `card` under `root` (built once: a marker with the version caches it)."""
-    try:
-        builder = TWIN_BUILDERS[card.key]
-    except KeyError:
-        reason = why_no_twin.get(card.key, "no twin builder is written for it yet")
-        raise KeyError(f"{card.key}: no twin: {reason}") from None
-    folder = Path(root) / card.key
-    marker = folder / MARKER
-    stamp = {"version": TWIN_VERSION, "card": card.key, "architecture": card.architecture}
-    if marker.is_file() and json.loads(marker.read_text()) == stamp:
-        return folder
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
-    builder(card, folder)
-    marker.write_text(json.dumps(stamp))
-    return folder
-
-
-def twin_settings(folders: dict[str, Path], **overrides: Any) -> Settings:
-    """CPU settings that point each card at its twin's folder (one engine at a time), with
-    vLLM's random weights (`load_format="dummy"`: twins hold no weights)."""
-    values: dict[str, Any] = {
-        "gpu_count": 0,
-        "cpu_kv_cache_bytes": 64 * 2**20,
-        "idle_unload_s": 0,
-        "drain_timeout_s": 60,
-        "max_resident": 1,
-        "model_folders": dict(folders),
-        "load_format": "dummy",
-    }
-    values.update(overrides)
-    return Settings(**values)
