@@ -21,7 +21,7 @@ from typing import Any
 
 from app.cards import ModelCard
 from app.config import Settings
-from app.twins import internvl, mrope, native, native_more, vllm_processors
+from app.twins import internvl, mrope, native, native_more, remote_code, vllm_processors
 from app.twins.common import Builder, mrope_section, train_tokenizer
 
 __all__ = ["TWIN_BUILDERS", "build_twin", "mrope_section", "train_tokenizer", "twin_settings", "why_no_twin"]
@@ -32,7 +32,7 @@ MARKER = "twin.json"
 
 # One module per group of architectures; each holds BUILDERS (card key -> builder writing the
 # twin's files into a folder) and WHY_NOT (card key -> why that card cannot have a twin here).
-GROUPS = [native, internvl, mrope, native_more, vllm_processors]
+GROUPS = [native, internvl, mrope, native_more, remote_code, vllm_processors]
 
 TWIN_BUILDERS: dict[str, Builder] = {key: build for group in GROUPS for key, build in group.BUILDERS.items()}
 why_no_twin: dict[str, str] = {key: reason for group in GROUPS for key, reason in group.WHY_NOT.items()}
