@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 # `make run` on a machine with an NVIDIA GPU uses vLLM's CUDA build, in its own environment.
 GPU := $(shell ls /dev/nvidia[0-9]* >/dev/null 2>&1 && echo 1)
 
-.PHONY: env run test lint format
+.PHONY: env run test lint format screenshots
 
 env:
 	bash scripts/setup-cpu-env.sh
@@ -22,6 +22,11 @@ test: env
 	$(PY) -m ruff format --check app tests bench scripts
 	$(VENV)/bin/hadolint Dockerfile
 	$(PY) -m pytest
+
+# Refreshes the README's screenshots (docs/screenshots/) from the browser tests; `make test`
+# writes its own to test-artifacts/ and leaves the tracked tree clean.
+screenshots: env
+	UPDATE_SCREENSHOTS=1 $(PY) -m pytest tests/test_ui.py
 
 lint: env
 	$(PY) -m ruff check app tests bench scripts

@@ -1,8 +1,8 @@
 """`python -m app`: starts VLM Playground in the browser (`--list`: prints the catalog instead).
 
 Every model card is loaded and validated first (a bad card stops it with the file name). On a
-machine that can serve none of the catalog (no GPU, no remote engine), tiny random-weight models
-are built locally so that the interface still works; the UI labels them as random weights.
+machine that can serve none of the catalog (no GPU, no remote engine), random-weight twins of two
+real cards (`app.demo`) are built locally so that the interface still works; the UI labels them so.
 
 SIGTERM (how Docker and Hugging Face stop a container) and SIGINT (Ctrl-C) stop it within 30 s
 (`SHUTDOWN_TIMEOUT_S`): answers are cut off, the engines are shut down, then the web server; any
@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 
 from app.cards import CardError, ModelCard, load_cards, servable_cards
-from app.config import MemoryBudget, Settings, SettingsError, parse_bytes, parse_mapping
+from app.config import Settings, SettingsError, add_flags, from_command_line
+from app.demo import DEMO_TWINS, default_demo_dir, demo_cards, use_local_vllm_environment
 from app.shutdown import ENGINES_CLOSE_S, Shutdown
 
 # Small, strong models to select at start on a GPU machine, best first.
 PREFERRED_DEFAULTS = ("qwen2_5_vl", "qwen2_vl", "phi3_v", "llava")
-DEMO_VARIANTS = {"demo_tiny_a": "tiny-a", "demo_tiny_b": "tiny-b"}
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +46,19 @@ def catalog_rows(cards: dict[str, ModelCard], settings: Settings) -> list[tuple[
 
 
 def catalog_markdown(cards: dict[str, ModelCard]) -> str:
-    """The catalog as the README's table: what each model takes and whether one GPU serves it
-    with the default operator settings (no remote code). `python -m app --list --markdown`."""
+    """The catalog as the README's table: what each model takes, whether one GPU serves it with
+    the default operator settings (no remote code), and what its twin verified on the real
+    engine in the tests (`app.twins`). `python -m app --list --markdown`."""
+    from app.twins import twin_status
+
     settings = Settings(gpu_count=1)
     lines = [
-        "| model | key | repository | media | hardware | on one GPU |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| model | key | repository | media | hardware | on one GPU | twin on the real engine (CPU, CI) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row, card in zip(catalog_rows(cards, settings), sorted_cards(cards), strict=True):
         key, name, repo, media, status = row
-        cells = [name, f"`{key}`", repo, media, card.hardware, status]
+        cells = [name, f"`{key}`", repo, media, card.hardware, status, twin_status(card)]
         lines.append("| " + " | ".join(cell.replace("|", "/").replace("\n", " ") for cell in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -64,69 +67,21 @@ def sorted_cards(cards: dict[str, ModelCard]) -> list[ModelCard]:
     return sorted(cards.values(), key=lambda c: (c.family, c.display_name))
 
 
-def parse_pairs(pairs: list[str] | None, flag: str) -> dict[str, str] | None:
-    return parse_mapping(flag, ",".join(pairs)) if pairs else None
-
-
-def settings_from(args: argparse.Namespace) -> Settings:
-    """The environment's settings, with the flags given on the command line on top."""
-    folders = parse_pairs(args.model_folder, "--model-folder")
-    remote = parse_pairs(args.remote_engine, "--remote-engine")
-    return Settings.from_env().with_overrides(
-        host=args.host,
-        port=args.port,
-        share=args.share,
-        models=tuple(k.strip() for k in args.models.split(",") if k.strip()) if args.models else None,
-        demo_models=args.demo_models,
-        demo_dir=args.demo_dir,
-        queue_size=args.queue_size,
-        concurrency=args.concurrency,
-        max_upload_bytes=parse_bytes("--max-upload", args.max_upload, 0) if args.max_upload else None,
-        default_model=args.default_model,
-        memory_budget=MemoryBudget.parse(args.memory_budget) if args.memory_budget else None,
-        max_resident=args.max_resident,
-        idle_unload_s=args.idle_unload_s,
-        drain_timeout_s=args.drain_timeout_s,
-        quantum_s=args.quantum_s,
-        host_memory_budget=parse_bytes("--host-memory-budget", args.host_memory_budget, 0)
-        if args.host_memory_budget
-        else None,
-        enforce_eager=args.eager,
-        model_folders={k: Path(v) for k, v in folders.items()} if folders else None,
-        remote_engines=remote,
-        hf_cache=args.hf_cache,
-    )
-
-
-def default_demo_dir() -> Path:
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "vlm-playground" / "demo-models"
-
-
 def with_demo_models(cards: dict[str, ModelCard], settings: Settings) -> dict[str, ModelCard]:
-    """The catalog, plus the tiny demo models where the settings ask for them or where this
-    machine can serve nothing else. Built once into the demo folder (about a second each)."""
+    """The catalog, plus the demo models (random-weight twins of real cards) where the settings
+    ask for them or where this machine can serve nothing else. Built once into the demo folder."""
     servable = servable_cards(
         offered(cards, settings), settings.gpu_count, settings.allow_remote_code, settings.remote_engines
     )
     wanted = settings.demo_models if settings.demo_models is not None else not servable
     if not wanted:
         return cards
-    from app.tiny_model import build_tiny_vlm, tiny_card  # torch is imported only here
-
-    folder = settings.demo_dir or default_demo_dir()
-    demo = {
-        key: tiny_card(key, build_tiny_vlm(folder / variant, variant), variant)
-        for key, variant in DEMO_VARIANTS.items()
-    }
-    return demo | cards
+    return demo_cards(cards, settings.demo_dir or default_demo_dir()) | cards
 
 
 def offered(cards: dict[str, ModelCard], settings: Settings) -> dict[str, ModelCard]:
     """The cards the operator offers (APP_MODELS; all when empty), the demo models included."""
-    return {
-        k: c for k, c in cards.items() if not settings.models or k in settings.models or k in DEMO_VARIANTS
-    }
+    return {k: c for k, c in cards.items() if not settings.models or k in settings.models or k in DEMO_TWINS}
 
 
 def default_model(cards: dict[str, ModelCard], settings: Settings) -> str | None:
@@ -134,7 +89,7 @@ def default_model(cards: dict[str, ModelCard], settings: Settings) -> str | None
     if settings.default_model:
         return settings.default_model
     servable = servable_cards(cards, settings.gpu_count, settings.allow_remote_code, settings.remote_engines)
-    preferred = [k for k in (*PREFERRED_DEFAULTS, *DEMO_VARIANTS) if k in servable]
+    preferred = [k for k in (*PREFERRED_DEFAULTS, *DEMO_TWINS) if k in servable]
     return next(iter(preferred or servable), None)
 
 
@@ -146,8 +101,6 @@ def serve(cards: dict[str, ModelCard], settings: Settings) -> int:
     from app.vllm_engine import VllmEngineFactory
 
     if settings.gpu_count == 0:
-        from app.tiny_model import use_local_vllm_environment
-
         use_local_vllm_environment((settings.demo_dir or default_demo_dir()).parent / "vllm")
     cards = offered(cards, settings)
     settings = settings.with_overrides(default_model=default_model(cards, settings))
@@ -192,55 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the catalog and exit")
     parser.add_argument("--available", action="store_true", help="with --list: only servable models")
     parser.add_argument("--markdown", action="store_true", help="with --list: the README's catalog table")
-    web = parser.add_argument_group("web app (each overrides its APP_* variable)")
-    web.add_argument("--host", help="address to listen on (APP_HOST; 0.0.0.0 for every interface)")
-    web.add_argument("--port", type=int, help="port (APP_PORT, default 7860)")
-    web.add_argument("--share", action=argparse.BooleanOptionalAction, help="Gradio share link (APP_SHARE)")
-    web.add_argument("--models", help="comma-separated card keys to offer (APP_MODELS; default all)")
-    web.add_argument(
-        "--demo-models",
-        action=argparse.BooleanOptionalAction,
-        help="offer the tiny random-weight models (APP_DEMO_MODELS; default: when nothing else is servable)",
-    )
-    web.add_argument("--demo-dir", type=Path, help="where the demo models are built (APP_DEMO_DIR)")
-    web.add_argument(
-        "--queue-size", type=int, help="events waiting before new ones are refused (APP_QUEUE_SIZE)"
-    )
-    web.add_argument("--concurrency", type=int, help="answers generated at once per view (APP_CONCURRENCY)")
-    web.add_argument("--max-upload", help="largest upload, e.g. 200MB (APP_MAX_UPLOAD)")
-    engines = parser.add_argument_group("engines (each overrides its APP_* variable)")
-    engines.add_argument("--default-model", help="card key selected at start (APP_DEFAULT_MODEL)")
-    engines.add_argument("--memory-budget", help="GPU fraction (0.9) or bytes (40GiB) (APP_MEMORY_BUDGET)")
-    engines.add_argument(
-        "--max-resident", type=int, help="cap on engines awake at once (APP_MAX_RESIDENT; default: by memory)"
-    )
-    engines.add_argument(
-        "--idle-unload-s", type=float, help="unload engines idle this long (APP_IDLE_UNLOAD_S)"
-    )
-    engines.add_argument(
-        "--drain-timeout-s", type=float, help="swap waits this long for answers (APP_DRAIN_TIMEOUT_S)"
-    )
-    engines.add_argument(
-        "--quantum-s",
-        type=float,
-        help="a model in use keeps the GPU this long while others wait (APP_QUANTUM_S, default 30)",
-    )
-    engines.add_argument(
-        "--host-memory-budget", help="host memory for sleeping engines, e.g. 64GiB (APP_HOST_MEMORY_BUDGET)"
-    )
-    engines.add_argument(
-        "--eager", action=argparse.BooleanOptionalAction, help="eager mode (APP_ENFORCE_EAGER)"
-    )
-    engines.add_argument(
-        "--model-folder", action="append", metavar="KEY=PATH", help="APP_MODEL_FOLDERS entry"
-    )
-    engines.add_argument(
-        "--remote-engine", action="append", metavar="KEY=URL", help="APP_REMOTE_ENGINES entry"
-    )
-    engines.add_argument("--hf-cache", type=Path, help="where weights are downloaded (APP_HF_CACHE)")
+    add_flags(parser)
     args = parser.parse_args(argv)
     try:
-        settings = settings_from(args)
+        settings = from_command_line(args)
         cards = load_cards(settings.cards_dir)
         settings.check_keys(cards)
     except (CardError, SettingsError) as error:
@@ -252,13 +160,31 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         print(catalog_markdown(cards), end="")
         return 0
-    rows = catalog_rows(cards, settings)
-    if args.available:
+    return print_catalog(cards, settings, available_only=args.available)
+
+
+def print_catalog(cards: dict[str, ModelCard], settings: Settings, available_only: bool = False) -> int:
+    """`--list`: a header, then what the app would offer on this machine (APP_MODELS), the demo
+    models first where they are what it serves, each with whether it can be served and why not."""
+    offer = offered(with_demo_models(cards, settings), settings)
+    demo = {k: c for k, c in offer.items() if k in DEMO_TWINS}
+    rows = catalog_rows(demo, settings) + catalog_rows(
+        {k: c for k, c in offer.items() if k not in demo}, settings
+    )
+    if available_only:
         rows = [row for row in rows if row[-1] == "yes"]
-    for key, name, repo, media, status in rows:
-        print(f"{key:24} {name:38} {repo:48} {media:28} {status}")
+    table = [("key", "model", "repository", "media", "available"), *rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+    for row in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1])
+    if available_only and not rows:
+        print("(none: see `python -m app --list` for the reasons)")
+    served = sum(row[-1] == "yes" for row in catalog_rows(offer, settings))
+    offered_text = f", {len(offer) - len(demo)} offered (APP_MODELS)" if settings.models else ""
     print(
-        f"\n{len(cards)} model cards; this machine has {settings.gpu_count} GPU(s), remote code "
+        f"\n{len(cards)} model cards{offered_text}"
+        + (f" and {len(demo)} demo models (random-weight twins, APP_DEMO_MODELS)" if demo else "")
+        + f"; {served} can be served here. This machine has {settings.gpu_count} GPU(s), remote code "
         f"{'allowed' if settings.allow_remote_code else 'not allowed'} (APP_ALLOW_REMOTE_CODE)."
     )
     return 0

@@ -78,10 +78,26 @@ def to_turns(messages: Sequence[dict[str, Any]]) -> list[Turn]:
             raise PromptError(f"Message {position + 1} has role {role!r}; expected one of {ROLES}.")
         if role == "system" and position != 0:
             raise PromptError("A system prompt can only come first in the conversation.")
-        turns.append(_to_turn(role, message.get("content"), position))
+        turn = _to_turn(role, message.get("content"), position)
+        _check_text(turn.text, role)
+        turns.append(turn)
     if turns[-1].role != "user":
         raise PromptError("The conversation must end with a user message for the model to answer.")
     return turns
+
+
+def _check_text(text: str, role: str) -> None:
+    """Refuses text that cannot be encoded (a lone surrogate: half of a character, as broken
+    copy-paste or an API client can send), which no tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        where = {"system": "The system prompt", "assistant": "An earlier answer"}.get(role, "The message")
+        code = f"U+{ord(text[error.start]):04X}"
+        raise PromptError(
+            f"{where} holds a broken character ({code}, half of a surrogate pair) at position "
+            f"{error.start + 1}: delete it or paste the text again."
+        ) from None
 
 
 def _to_turn(role: str, content: Any, position: int) -> Turn:

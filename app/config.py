@@ -1,25 +1,39 @@
-"""Settings, read once from the environment (`APP_*`) and passed down.
+"""Settings: one object, validated once, from the environment (`APP_*`) and the command line.
 
-The app's command line overrides the same fields (`Settings.with_overrides`); nothing else in
-the app reads the environment for its own settings.
+`Settings` is a pydantic-settings model. `Settings.from_env` reads the `APP_*` variables;
+`python -m app` adds one flag per field (`add_flags`) and `from_command_line` lays the flags given
+on top of the environment, then validates the whole once, so a bad value is refused the same way
+whichever source wrote it: one line naming the variable or flag and what to write
+(`SettingsError`). `Settings(...)` in code reads no environment and is validated the same way.
+Nothing else in the app reads the environment for its own settings.
 """
 
 from __future__ import annotations
 
+import argparse
 import glob
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-TRUE = {"1", "true", "yes", "on"}
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+from pydantic_settings.sources.utils import parse_env_vars
+
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
 class SettingsError(ValueError):
-    """A setting the operator wrote that cannot be used; the message names the variable."""
+    """A setting the operator wrote that cannot be used; the message names the variable or flag."""
 
 
 def detect_gpu_count(env: Mapping[str, str], devices: Sequence[str] | None = None) -> int:
@@ -44,14 +58,14 @@ class MemoryBudget:
     @classmethod
     def parse(cls, text: str) -> MemoryBudget:
         text = text.strip().lower().replace(" ", "")
-        if re.fullmatch(r"0?\.\d+|1(\.0*)?", text):
+        if re.fullmatch(r"0?\.\d+|1(\.0*)?", text) and float(text) > 0:
             return cls(fraction=float(text))
         try:
-            return cls(fraction=None, bytes=parse_bytes("APP_MEMORY_BUDGET", text, 0))
+            if size := parse_bytes("APP_MEMORY_BUDGET", text, 0):
+                return cls(fraction=None, bytes=size)
         except SettingsError:
-            raise SettingsError(
-                f"APP_MEMORY_BUDGET={text!r}: write a fraction like 0.9 or bytes like 40GiB"
-            ) from None
+            pass
+        raise SettingsError(f"APP_MEMORY_BUDGET={text!r}: write a fraction like 0.9 or bytes like 40GiB")
 
     def describe(self) -> str:
         if self.bytes is not None:
@@ -81,114 +95,342 @@ def parse_mapping(name: str, text: str) -> dict[str, str]:
     return mapping
 
 
-def _number(env: Mapping[str, str], name: str, default: float) -> float:
-    text = env.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise SettingsError(f"{name}={text!r} is not a number") from None
-    if value < 0:
-        raise SettingsError(f"{name}={text!r} must not be negative")
-    return value
+# --- how text (a variable, a flag) becomes a value; the same for both sources ---
+
+
+def _bytes(value: Any) -> Any:
+    return parse_bytes("", value, -1) if isinstance(value, str) else value
+
+
+def _budget(value: Any) -> Any:
+    return MemoryBudget.parse(value) if isinstance(value, str) else value
+
+
+def _mapping(value: Any) -> Any:
+    return parse_mapping("", value) if isinstance(value, str) else value
+
+
+def _keys(value: Any) -> Any:
+    return tuple(k.strip() for k in value.split(",") if k.strip()) if isinstance(value, str) else value
+
+
+def _blank_is_none(value: Any) -> Any:
+    return None if isinstance(value, str) and not value.strip() else value
+
+
+def _zero_is_none(value: Any) -> Any:
+    return None if _bytes(value) == 0 else value
+
+
+def _nonblank(text: str) -> str:
+    if not text.strip():
+        raise ValueError("empty")
+    return text.strip()
 
 
 @dataclass(frozen=True)
-class Settings:
-    cards_dir: Path | None = None
-    allow_remote_code: bool = False
-    gpu_count: int = 0
-    default_model: str | None = None
-    memory_budget: MemoryBudget = field(default_factory=MemoryBudget)
+class Doc:
+    """A field's line in `--help` and in errors: what it means, its default as the operator reads
+    it, what to write when a value is refused, and its variable and flag where not derived from
+    the field's name (`APP_` + NAME, `--name`)."""
+
+    help: str
+    write: str
+    default: str | None = None
+    env: str | None = None
+    flag: str | None = None
+    metavar: str = "VALUE"
+    repeat: bool = False
+    group: str = "engines"
+
+
+def doc(field_name: str) -> Doc:
+    return next(m for m in Settings.model_fields[field_name].metadata if isinstance(m, Doc))
+
+
+def env_name(field_name: str) -> str:
+    return doc(field_name).env or f"APP_{field_name.upper()}"
+
+
+def flag_name(field_name: str) -> str:
+    return doc(field_name).flag or "--" + field_name.replace("_", "-")
+
+
+FLAG = "1 or 0 (also yes/no, true/false, on/off)"
+SECONDS = "seconds, a number of 0 or more"
+COUNT = "a whole number of at least 1"
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=1)]
+Bytes = Annotated[int, BeforeValidator(_bytes), Field(ge=1)]
+OptionalPath = Annotated[Path | None, BeforeValidator(_blank_is_none)]
+OptionalText = Annotated[str | None, BeforeValidator(_blank_is_none)]
+
+
+class _Environment(EnvSettingsSource):
+    """pydantic-settings' reading of the `APP_*` variables, from a given mapping, by their exact
+    names (`env_name`: `APP_MAX_UPLOAD` is `max_upload_bytes`'s)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: Mapping[str, str]) -> None:
+        self._given = {
+            f"app_{name}": env[env_name(name)] for name in settings_cls.model_fields if env_name(name) in env
+        }
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return parse_env_vars(self._given, False, self.env_ignore_empty, self.env_parse_none_str)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="APP_",
+        env_ignore_empty=True,
+        frozen=True,
+        extra="forbid",
+    )
+
+    cards_dir: Annotated[
+        OptionalPath,
+        Doc("folder of model cards", "a folder", default="the bundled model_cards/", metavar="DIR"),
+    ] = None
+    allow_remote_code: Annotated[
+        bool, Doc("offer the models that run code from their repository", FLAG, default="off")
+    ] = False
+    gpu_count: Annotated[
+        int,
+        Field(ge=0),
+        Doc(
+            "GPUs this app may use",
+            "a whole number of 0 or more",
+            default="the GPUs this process sees",
+            metavar="N",
+        ),
+    ] = 0
+    default_model: Annotated[
+        OptionalText,
+        Doc(
+            "card key selected at start",
+            "a card key",
+            default="a small strong model served here",
+            metavar="KEY",
+        ),
+    ] = None
+    memory_budget: Annotated[
+        MemoryBudget,
+        NoDecode,
+        BeforeValidator(_budget),
+        Doc(
+            "GPU memory all resident engines may use",
+            "a fraction like 0.9 or bytes like 40GiB",
+            default="0.9",
+            metavar="BUDGET",
+        ),
+    ] = MemoryBudget()
     # An optional cap on engines awake at once; None: as many as fit in the memory budget.
-    max_resident: int | None = None
+    max_resident: Annotated[
+        Count | None,
+        BeforeValidator(_blank_is_none),
+        Doc(
+            "cap on engines awake at once", COUNT, default="as many as fit in the memory budget", metavar="N"
+        ),
+    ] = None
     # Seconds a model in use keeps the GPU while another model's requests wait for it.
-    quantum_s: float = 30.0
+    quantum_s: Annotated[
+        Seconds,
+        Doc(
+            "seconds a model in use keeps the GPU while other models' requests wait",
+            SECONDS,
+            metavar="SECONDS",
+        ),
+    ] = 30.0
     # Host memory for sleeping engines' weights (CUDA sleep mode); None: half the machine's RAM.
-    host_memory_budget: int | None = None
+    host_memory_budget: Annotated[
+        Bytes | None,
+        BeforeValidator(_zero_is_none),
+        Doc(
+            "host memory for sleeping engines' weights",
+            "bytes like 64GiB",
+            default="half the RAM",
+            metavar="BYTES",
+        ),
+    ] = None
     # Seconds an engine may sit unused before it is unloaded (0: never).
-    idle_unload_s: float = 1800.0
+    idle_unload_s: Annotated[
+        Seconds, Doc("unload an engine unused this many seconds (0: never)", SECONDS, metavar="SECONDS")
+    ] = 1800.0
     # Seconds a swap waits for answers in flight on the engine it evicts before stopping them.
-    drain_timeout_s: float = 60.0
+    drain_timeout_s: Annotated[
+        Seconds,
+        Doc(
+            "seconds a swap waits for the answers in flight on the engine it evicts",
+            SECONDS,
+            metavar="SECONDS",
+        ),
+    ] = 60.0
     # None: eager on CPU (compiling costs more than it gains for a demo), compiled on GPU.
-    enforce_eager: bool | None = None
+    enforce_eager: Annotated[
+        bool | None, Doc("vLLM's eager mode", FLAG, default="on without a GPU, off with one", flag="--eager")
+    ] = None
     # KV cache per engine where no GPU sizes it (CPU); vLLM would otherwise take half the RAM.
-    cpu_kv_cache_bytes: int = 256 * 2**20
-    model_folders: dict[str, Path] = field(default_factory=dict)
+    cpu_kv_cache_bytes: Annotated[
+        Bytes,
+        Doc("KV cache per engine without a GPU", "bytes like 256MiB", default="256MiB", metavar="BYTES"),
+    ] = 256 * 2**20
+    model_folders: Annotated[
+        dict[str, Path],
+        NoDecode,
+        BeforeValidator(_mapping),
+        Doc(
+            "a card's model from a local folder (repeat the flag for more)",
+            "card_key=path pairs separated by commas",
+            default="none",
+            flag="--model-folder",
+            metavar="KEY=PATH",
+            repeat=True,
+        ),
+    ] = {}
     # vLLM's load_format for local engines: "dummy" makes random weights (twins, benchmarks).
-    load_format: str | None = None
+    load_format: Annotated[
+        OptionalText,
+        Doc(
+            "vLLM's load_format (dummy: random weights)",
+            "a vLLM load format",
+            default="vLLM's",
+            metavar="FORMAT",
+        ),
+    ] = None
     # Overrides every card's tensor_parallel_size (twins on CPU run at 1); None: the card's.
-    tensor_parallel_size: int | None = None
-    remote_engines: dict[str, str] = field(default_factory=dict)
-    hf_cache: Path | None = None
+    tensor_parallel_size: Annotated[
+        Count | None,
+        BeforeValidator(_blank_is_none),
+        Doc("GPUs per engine, for every card", COUNT, default="the card's", metavar="N"),
+    ] = None
+    remote_engines: Annotated[
+        dict[str, str],
+        NoDecode,
+        BeforeValidator(_mapping),
+        Doc(
+            "a card served by a vLLM server elsewhere (repeat the flag for more)",
+            "card_key=url pairs separated by commas",
+            default="none",
+            flag="--remote-engine",
+            metavar="KEY=URL",
+            repeat=True,
+        ),
+    ] = {}
+    hf_cache: Annotated[
+        OptionalPath,
+        Doc("where weights are downloaded", "a folder", default="Hugging Face's cache", metavar="DIR"),
+    ] = None
     # --- the web app ---
-    host: str = "127.0.0.1"
-    port: int = 7860
-    share: bool = False
+    host: Annotated[
+        str,
+        AfterValidator(_nonblank),
+        Doc(
+            "address to listen on (0.0.0.0: every interface)",
+            "an address like 127.0.0.1",
+            metavar="ADDRESS",
+            group="web",
+        ),
+    ] = "127.0.0.1"
+    port: Annotated[
+        int, Field(ge=0, le=65535), Doc("port", "a port number, 0 to 65535", metavar="PORT", group="web")
+    ] = 7860
+    share: Annotated[bool, Doc("Gradio share link", FLAG, default="off", group="web")] = False
     # Card keys offered in the UI (empty: the whole catalog).
-    models: tuple[str, ...] = ()
-    # Tiny random-weight models for trying the interface; None: only when nothing else is servable.
-    demo_models: bool | None = None
-    demo_dir: Path | None = None
+    models: Annotated[
+        tuple[str, ...],
+        NoDecode,
+        BeforeValidator(_keys),
+        Doc(
+            "card keys to offer, separated by commas",
+            "card keys separated by commas",
+            default="all",
+            metavar="KEYS",
+            group="web",
+        ),
+    ] = ()
+    # Random-weight twins of two cards for trying the interface; None: only when nothing else is servable.
+    demo_models: Annotated[
+        bool | None,
+        Doc(
+            "offer random-weight twins of two cards",
+            FLAG,
+            default="when nothing else is servable",
+            group="web",
+        ),
+    ] = None
+    demo_dir: Annotated[
+        OptionalPath,
+        Doc(
+            "where the demo models are built",
+            "a folder",
+            default="~/.cache/vlm-playground/demo-models",
+            metavar="DIR",
+            group="web",
+        ),
+    ] = None
     # Events waiting in the queue before new ones are refused, and answers generated at once per view.
-    queue_size: int = 64
-    concurrency: int = 16
-    max_upload_bytes: int = 200 * 10**6
+    queue_size: Annotated[
+        Count, Doc("events waiting before new ones are refused", COUNT, metavar="N", group="web")
+    ] = 64
+    concurrency: Annotated[
+        Count, Doc("answers generated at once per view", COUNT, metavar="N", group="web")
+    ] = 16
+    max_upload_bytes: Annotated[
+        Bytes,
+        Doc(
+            "largest upload",
+            "bytes like 200MB",
+            default="200MB",
+            env="APP_MAX_UPLOAD",
+            flag="--max-upload",
+            metavar="BYTES",
+            group="web",
+        ),
+    ] = 200 * 10**6
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # `Settings(...)` is what the code passes, nothing else; the environment is read only by
+        # `from_env` (so a variable exported in a shell cannot change what a test constructs).
+        return (init_settings,)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        env = os.environ if env is None else env
-        cards_dir = env.get("APP_CARDS_DIR")
-        gpus = env.get("APP_GPU_COUNT")
-        eager = env.get("APP_ENFORCE_EAGER", "").strip().lower()
-        hf_cache = env.get("APP_HF_CACHE")
-        budget = env.get("APP_MEMORY_BUDGET", "").strip()
-        demo = env.get("APP_DEMO_MODELS", "").strip().lower()
-        demo_dir = env.get("APP_DEMO_DIR")
-        return cls(
-            cards_dir=Path(cards_dir) if cards_dir else None,
-            allow_remote_code=env.get("APP_ALLOW_REMOTE_CODE", "").strip().lower() in TRUE,
-            gpu_count=int(gpus) if gpus else detect_gpu_count(env),
-            default_model=env.get("APP_DEFAULT_MODEL") or None,
-            memory_budget=MemoryBudget.parse(budget) if budget else MemoryBudget(),
-            max_resident=max(1, int(_number(env, "APP_MAX_RESIDENT", 1)))
-            if env.get("APP_MAX_RESIDENT", "").strip()
-            else None,
-            quantum_s=_number(env, "APP_QUANTUM_S", cls.quantum_s),
-            host_memory_budget=parse_bytes("APP_HOST_MEMORY_BUDGET", env.get("APP_HOST_MEMORY_BUDGET", ""), 0)
-            or None,
-            idle_unload_s=_number(env, "APP_IDLE_UNLOAD_S", cls.idle_unload_s),
-            drain_timeout_s=_number(env, "APP_DRAIN_TIMEOUT_S", cls.drain_timeout_s),
-            enforce_eager=(eager in TRUE) if eager else None,
-            cpu_kv_cache_bytes=int(_number(env, "APP_CPU_KV_CACHE_BYTES", cls.cpu_kv_cache_bytes)),
-            model_folders={
-                key: Path(path)
-                for key, path in parse_mapping("APP_MODEL_FOLDERS", env.get("APP_MODEL_FOLDERS", "")).items()
-            },
-            remote_engines=parse_mapping("APP_REMOTE_ENGINES", env.get("APP_REMOTE_ENGINES", "")),
-            hf_cache=Path(hf_cache) if hf_cache else None,
-            load_format=env.get("APP_LOAD_FORMAT", "").strip() or None,
-            host=env.get("APP_HOST", "").strip() or cls.host,
-            port=int(_number(env, "APP_PORT", cls.port)),
-            share=env.get("APP_SHARE", "").strip().lower() in TRUE,
-            models=tuple(k.strip() for k in env.get("APP_MODELS", "").split(",") if k.strip()),
-            demo_models=(demo in TRUE) if demo else None,
-            demo_dir=Path(demo_dir) if demo_dir else None,
-            queue_size=max(1, int(_number(env, "APP_QUEUE_SIZE", cls.queue_size))),
-            concurrency=max(1, int(_number(env, "APP_CONCURRENCY", cls.concurrency))),
-            max_upload_bytes=parse_bytes(
-                "APP_MAX_UPLOAD", env.get("APP_MAX_UPLOAD", ""), cls.max_upload_bytes
-            ),
-        )
+        return cls.from_sources(os.environ if env is None else env)
+
+    @classmethod
+    def from_sources(cls, env: Mapping[str, str], flags: Mapping[str, Any] | None = None) -> Settings:
+        """The variables in `env`, with the flags given (field name: value as typed) on top,
+        validated once; a refused value names the variable or flag it came from."""
+        flags = {k: v for k, v in (flags or {}).items() if v is not None}
+        values = {**_Environment(cls, env)(), **flags}
+        if "gpu_count" not in values:
+            values["gpu_count"] = detect_gpu_count(env)
+        try:
+            return cls(**values)
+        except ValidationError as error:
+            raise settings_error(error, values, flags) from None
 
     def with_overrides(self, **values: Any) -> Settings:
-        """These settings with the given fields replaced; `None` values (flags not given) are skipped."""
-        known = {f.name for f in fields(self)}
-        unknown = set(values) - known
+        """These settings with the given fields replaced; `None` values (flags not given) are
+        skipped. The result is validated like any settings."""
+        unknown = set(values) - set(type(self).model_fields)
         if unknown:
             raise SettingsError(f"unknown settings: {sorted(unknown)}")
-        return replace(self, **{k: v for k, v in values.items() if v is not None})
+        current = {name: getattr(self, name) for name in type(self).model_fields}
+        given = {k: v for k, v in values.items() if v is not None}
+        try:
+            return type(self)(**(current | given))
+        except ValidationError as error:
+            raise settings_error(error, given, given) from None
 
     def check_keys(self, catalog: Iterable[str]) -> None:
         """Refuses settings that name models the catalog does not have (a typo would otherwise
@@ -207,3 +449,58 @@ class Settings:
     @property
     def eager(self) -> bool:
         return self.gpu_count == 0 if self.enforce_eager is None else self.enforce_eager
+
+
+def settings_error(
+    error: ValidationError, values: Mapping[str, Any], flags: Mapping[str, Any]
+) -> SettingsError:
+    """The first refused value as one line: its variable or flag, what was written, what to write."""
+    first = error.errors()[0]
+    name = next((str(part) for part in first["loc"] if str(part) in Settings.model_fields), None)
+    if name is None:  # an unknown field: a programming error, said plainly
+        return SettingsError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
+    source = flag_name(name) if name in flags else env_name(name)
+    written = values.get(name, first.get("input"))
+    if isinstance(written, bool):
+        written = "on" if written else "off"
+    elif not isinstance(written, str):
+        written = ",".join(map(str, written)) if isinstance(written, tuple | list) else str(written)
+    return SettingsError(f"{source}={written!r}: write {doc(name).write}")
+
+
+# --- the command line: one flag per field ---
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting, in two groups, each with its variable and its default in the help."""
+    groups = {
+        "web": parser.add_argument_group("web app (each flag overrides its APP_* variable)"),
+        "engines": parser.add_argument_group("engines (each flag overrides its APP_* variable)"),
+    }
+    for name, field in Settings.model_fields.items():
+        about = doc(name)
+        default = about.default if about.default is not None else _shown(field.default)
+        text = f"{about.help} ({env_name(name)}; default: {default})".replace("%", "%%")
+        options: dict[str, Any] = {"dest": name, "help": text, "default": None}
+        if field.annotation in (bool, bool | None):
+            options["action"] = argparse.BooleanOptionalAction
+        else:
+            options.update(action="append" if about.repeat else "store", metavar=about.metavar)
+        groups[about.group].add_argument(flag_name(name), **options)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def from_command_line(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Settings:
+    """The environment's settings with the flags given on top (`add_flags`), validated once."""
+    flags: dict[str, Any] = {}
+    for name in Settings.model_fields:
+        value = getattr(args, name, None)
+        if isinstance(value, list):  # a repeated KEY=VALUE flag
+            value = ",".join(value)
+        flags[name] = value
+    return Settings.from_sources(os.environ if env is None else env, flags)

@@ -20,18 +20,20 @@ from typing import Any
 
 from PIL import Image
 
-from app.adapters import PromptError
+from app.adapters import PromptError, get_adapter, to_turns
 from app.cards import ModelCard
-from app.engine import EngineError
+from app.engine import EngineError, first_line
 from app.media import MediaError, VideoClip, VideoDecoderPool, load_image
+from app.tokens import counter_for, media_tokens
 
 log = logging.getLogger(__name__)
 
 VIDEO_SUFFIXES = {".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi", ".mpeg", ".mpg"}
 THUMBNAIL_SIDE = 160
-# Prompt tokens per turn for role markers and template text, on top of the turn's own text.
-TOKENS_PER_TURN = 8
-CHARS_PER_TOKEN = 4
+# Where no tokenizer is at hand and only the model's chat template renders the prompt: tokens
+# per turn for role markers and template text, and for a default system prompt the template adds.
+TOKENS_PER_TURN = 16
+TEMPLATE_ALLOWANCE = 64
 
 
 class ConversationError(ValueError):
@@ -197,36 +199,50 @@ async def engine_messages(
 
 
 def estimate_prompt_tokens(card: ModelCard, messages: Sequence[dict[str, Any]]) -> int:
-    """About how many tokens the prompt takes: text at ~4 characters a token, images and video
-    frames by the card's visual-token rule. Deliberately not an over-estimate: it refuses only
-    what clearly will not fit, and the engine's own check still stands behind it."""
-    rule = card.visual_token_rule
-    total = 0
-    for message in messages:
-        total += TOKENS_PER_TURN
-        content = message["content"]
-        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
-        for part in parts:
-            if part["type"] == "text":
-                total += len(part["text"]) // CHARS_PER_TOKEN
-            elif part["type"] == "image":
-                total += rule.image_tokens(*part["image"].size)
-            elif part["type"] == "video":
-                frames = part["video"].frames
-                height, width = frames.shape[1:3]
-                groups = -(-len(frames) // rule.frames_per_token)
-                total += groups * rule.image_tokens(width, height)
-    return total
+    """The prompt's size in tokens: counted with the model's tokenizer where it is on this
+    machine (the prompt rendered as the engine renders it, plus the card's visual-token rule for
+    images and video frames), else a bound the prompt never exceeds in text tokens."""
+    counter = counter_for(card)
+    if counter is not None:
+        try:
+            return counter.count(messages)
+        except PromptError:
+            raise
+        except Exception as error:
+            log.warning("counting %s's prompt failed (%s); estimating it", card.key, first_line(error)[:200])
+    return upper_bound_tokens(card, messages)
+
+
+def upper_bound_tokens(card: ModelCard, messages: Sequence[dict[str, Any]]) -> int:
+    """A prompt size no tokenizer exceeds for the text: one token per byte of UTF-8 (byte-level
+    tokenizers never make more; the others fall back to bytes) of the prompt as the card's format
+    renders it, plus a start token; the card's visual-token rule for media. A prompt that only
+    the model's own chat template renders gets its messages' bytes and an allowance per turn."""
+    turns = to_turns(messages)
+    if card.adapter == "format":
+        try:
+            prompt, images, videos = get_adapter(card.adapter).render(card.prompt_spec, turns, None)
+            return len(prompt.encode("utf-8")) + 1 + media_tokens(card, images, videos)
+        except PromptError:
+            pass  # the engine says why (a system prompt the format has not, ...)
+    total = TEMPLATE_ALLOWANCE
+    for turn in turns:
+        total += TOKENS_PER_TURN + len(turn.text.encode("utf-8"))
+    images = [image for turn in turns for image in turn.images]
+    videos = [video for turn in turns for video in turn.videos]
+    return total + media_tokens(card, images, videos)
 
 
 def check_fits(card: ModelCard, messages: Sequence[dict[str, Any]]) -> int:
-    """The prompt's estimated size; refuses a prompt that will not fit the model's context."""
+    """The prompt's size (see `estimate_prompt_tokens`); refuses a prompt that will not fit the
+    model's context, with a line that says what to change."""
     estimate = estimate_prompt_tokens(card, messages)
     limit = card.max_model_len
     if limit is not None and estimate >= limit:
+        exact = counter_for(card) is not None
         raise ConversationError(
-            f"This message would make a prompt of about {estimate:,} tokens, more than "
-            f"{card.display_name} takes ({limit:,}). Shorten the text, send fewer or smaller "
-            "files, or clear the chat."
+            f"This message would make a prompt of {'' if exact else 'up to '}{estimate:,} tokens; "
+            f"{card.display_name} takes at most {limit:,} (prompt plus answer): shorten the text, "
+            "send fewer or smaller files, or start a new chat."
         )
     return estimate

@@ -21,6 +21,8 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -108,8 +110,107 @@ class SamplingSettings:
         }
         return replace(self, **{**APP_SAMPLING_DEFAULTS, **card_defaults, **chosen})
 
+    def check(self) -> None:
+        """Refuses values the engine would refuse (vLLM's own rules), with one line that names
+        the setting, its value and the range to pick from."""
+        for name in ("temperature", "top_p", "max_tokens", "seed"):
+            value = getattr(self, name)
+            if value is not None and not SAMPLING_RULES[name][0](value):
+                raise SamplingError(sampling_refusal(name, value))
+
 
 APP_SAMPLING_DEFAULTS: dict[str, Any] = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 512}
+
+# The largest answer length asked for that the engine can carry (a 32-bit count).
+MAX_TOKENS_LIMIT = 2**31 - 1
+# vLLM seeds a 64-bit generator and sends the seed as a 64-bit integer.
+SEED_LIMIT = 2**64 - 1
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _whole(value: Any) -> bool:
+    return _number(value) and float(value).is_integer()
+
+
+# Each sampling value's test and the range a user picks from (vLLM's `SamplingParams` rules).
+SAMPLING_RULES: dict[str, tuple[Callable[[Any], bool], str, str]] = {
+    "temperature": (lambda v: _number(v) and 0 <= v <= 2, "Temperature", "from 0 to 2"),
+    "top_p": (lambda v: _number(v) and 0 < v <= 1, "Top-p", "above 0 and at most 1"),
+    "max_tokens": (
+        lambda v: _whole(v) and 1 <= v <= MAX_TOKENS_LIMIT,
+        "Max tokens",
+        f"a whole number from 1 to {MAX_TOKENS_LIMIT:,}",
+    ),
+    "seed": (
+        lambda v: _whole(v) and 0 <= v <= SEED_LIMIT,
+        "The seed",
+        f"a whole number from 0 to {SEED_LIMIT:,} (or empty for a random one)",
+    ),
+}
+
+
+class SamplingError(EngineError):
+    """A sampling value out of range; the message names it and the range."""
+
+
+def sampling_refusal(name: str, value: Any) -> str:
+    """One line for a sampling value the engine refuses: what it is and what it may be."""
+    _, label, allowed = SAMPLING_RULES[name]
+    shown = f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+    return f"{label} is {shown[:40]}; it must be {allowed}: change it and send again."
+
+
+def length_refusal(
+    card_name: str, prompt_tokens: int, limit: int, at_least: bool = False, answer_tokens: int = 0
+) -> str:
+    """One line for a prompt (with the answer asked for) longer than the model's context."""
+    size = f"at least {prompt_tokens:,}" if at_least else f"{prompt_tokens:,}"
+    if answer_tokens:
+        return (
+            f"The prompt is {size} tokens and the answer may take {answer_tokens:,}; {card_name} takes "
+            f"at most {limit:,} (prompt plus answer): lower max tokens, shorten the prompt or start a "
+            "new chat."
+        )
+    return (
+        f"The prompt is {size} tokens; {card_name} takes at most {limit:,} (prompt plus answer): "
+        "shorten it or start a new chat."
+    )
+
+
+_LENGTH = re.compile(
+    r"maximum context length is (\d+) tokens.*?(?:contains|has) (at least )?(\d+)", re.DOTALL
+)
+# An older server's wording: "you requested 5000 tokens (4000 in the messages, 1000 in the completion)".
+_LENGTH_SPLIT = re.compile(
+    r"maximum context length is (\d+) tokens.*?requested \d+ tokens \((\d+) in the messages, "
+    r"(\d+) in the completion",
+    re.DOTALL,
+)
+_SAMPLING = re.compile(r"^(temperature|top_p|max_tokens|seed)\b.*?got (-?[\w.+]+?)\.?(?:\s|$)")
+
+
+def explain_refusal(card_name: str, message: str, counted: int | None = None) -> str | None:
+    """The user's line for an engine's refusal (vLLM's validation message, in this process or
+    from a server's 400 answer), or None where the message is not one the app knows.
+    `counted`: the prompt's size as the app counted it (vLLM stops counting one past the limit)."""
+    split = _LENGTH_SPLIT.search(message)
+    if split:
+        limit, tokens, answer = (int(g) for g in split.groups())
+        return length_refusal(card_name, max(tokens, counted or 0), limit, answer_tokens=answer)
+    length = _LENGTH.search(message)
+    if length:
+        limit, at_least, tokens = int(length.group(1)), bool(length.group(2)), int(length.group(3))
+        if counted is not None and counted > tokens:
+            return length_refusal(card_name, counted, limit)
+        return length_refusal(card_name, tokens, limit, at_least)
+    sampling = _SAMPLING.search(message.strip())
+    if sampling:
+        name, value = sampling.groups()
+        return sampling_refusal(name, value)
+    return None
 
 
 def card_sampling(card: ModelCard) -> SamplingSettings:
@@ -312,6 +413,9 @@ class EngineManager:
         slot = self._slot(key)
         if self._closing:
             raise EngineError("The app is stopping; try again in a moment.")
+        # Refused before waiting in line: a value out of range is refused by every engine.
+        sampling = (sampling or SamplingSettings()).for_card(slot.card)
+        sampling.check()
         self._ensure_coordinator()
         ticket = _Ticket(slot, self._clock())
         waited = False
@@ -337,9 +441,7 @@ class EngineManager:
             request_id = f"{key}-{next(self._request_ids)}"
             slot.in_flight.add(request_id)
             try:
-                async for event in engine.generate(
-                    slot.card, messages, (sampling or SamplingSettings()).for_card(slot.card), request_id
-                ):
+                async for event in engine.generate(slot.card, messages, sampling, request_id):
                     yield event
             except EngineFailure as failure:
                 self._mark_failed(slot, engine, str(failure))

@@ -127,11 +127,18 @@ def _read_config(folder: Path | None) -> dict[str, Any] | None:
     return config if isinstance(config, dict) else None
 
 
+def _text_model(config: dict[str, Any]) -> dict[str, Any]:
+    """The text model's part of a config: nested under the thinker in Qwen2.5-Omni (the part vLLM
+    serves), under text_config or llm_config in most VLMs, else the config itself."""
+    config = config.get("thinker_config") or config
+    return config.get("text_config") or config.get("llm_config") or config
+
+
 def parameters_from_config(config: dict[str, Any]) -> float | None:
     """Billions of parameters a `config.json` describes (text model: embeddings, attention and
     a gated MLP per layer; vision tower: about 12 x hidden^2 per layer), where no weights are on
     disk (`load_format="dummy"` folders)."""
-    text = config.get("text_config") or config.get("llm_config") or config
+    text = _text_model(config)
     try:
         hidden = int(text["hidden_size"])
         layers = int(text["num_hidden_layers"])
@@ -155,7 +162,7 @@ def parameters_from_config(config: dict[str, Any]) -> float | None:
 
 def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int = 2) -> int | None:
     """Key and value bytes per token for every layer of the text model a `config.json` describes."""
-    text = config.get("text_config") or config.get("llm_config") or config
+    text = _text_model(config)
     try:
         layers = int(text["num_hidden_layers"])
         heads = int(text["num_attention_heads"])

@@ -16,7 +16,7 @@ from typing import Any
 
 from app.adapters import PromptError, to_turns
 from app.cards import ModelCard
-from app.engine import EngineError, EngineFailure, SamplingSettings, StreamEnd, TextDelta
+from app.engine import EngineError, EngineFailure, SamplingSettings, StreamEnd, TextDelta, explain_refusal
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,10 @@ class RemoteEngine:
         try:
             stream = await self._open_stream(chat, video_kwargs, sampling)
         except BadRequestError as error:
-            raise PromptError(f"{card.display_name} cannot take this input: {_message(error)}") from None
+            detail = _message(error)
+            log.info("%s's server refused a request: %s", card.key, detail)
+            line = explain_refusal(card.display_name, detail)
+            raise PromptError(line or f"{card.display_name} cannot take this input: {detail}") from None
         except APIConnectionError:
             raise EngineFailure(
                 f"{card.display_name}: lost the connection to its server at {self.url}."

@@ -407,7 +407,8 @@ class Playground:
         regenerate.click(self.regenerate, inputs, outputs, show_progress_on=[chatbot], **PRIVATE)
         stop.click(self.stop, [session], None, concurrency_limit=None, **PRIVATE)
         undo.click(self.undo, [session], [chatbot, box, notice], **PRIVATE)
-        clear.click(self.clear, [session], outputs, **PRIVATE)
+        # The chat's own trash icon clears the conversation too, not only the screen.
+        gr.on([clear.click, chatbot.clear], self.clear, [session], outputs, **PRIVATE)
         model.change(
             self.picked, [model], [panel, state, system, *sampling[:3]], show_progress="hidden", **PRIVATE
         )

@@ -18,13 +18,22 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from app.adapters import ChatTemplateOwner, PromptError, RenderedPrompt, render
+from app.adapters import ChatTemplateOwner, PromptError, RenderedPrompt
 from app.cards import ModelCard
 from app.config import Settings
-from app.engine import EngineError, EngineFailure, SamplingSettings, StreamEnd, TextDelta, first_line
+from app.engine import (
+    EngineError,
+    EngineFailure,
+    SamplingSettings,
+    StreamEnd,
+    TextDelta,
+    explain_refusal,
+    first_line,
+)
 from app.memory import MemoryNeed, estimate_need
 from app.remote_engine import RemoteEngine
 from app.scheduler import Capacity
+from app.tokens import LiteralPrompt, PromptCounter, register_counter, register_folder, render_literal
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +62,9 @@ class VllmEngineFactory:
             # PCI bus. Both must agree for placement and memory checks to name the same GPU.
             os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         self._device_totals: list[int] | None = list(device_totals) if device_totals is not None else None
+        for key, folder in settings.model_folders.items():
+            # The size check counts with the tokenizer in the folder before the engine is built.
+            register_folder(key, folder)
 
     def device_totals(self) -> list[int]:
         """Each visible GPU's memory (NVML), or the machine's RAM where there is no GPU."""
@@ -142,6 +154,7 @@ class VllmEngineFactory:
         try:
             owner = await asyncio.to_thread(_chat_template_owner, engine, card, args)
             lora = await asyncio.to_thread(_lora_request, card, args)
+            tokenizer = engine.get_tokenizer()
         except Exception as error:
             await asyncio.to_thread(engine.shutdown)
             raise EngineError(explain_build_error(card, error)) from error
@@ -150,7 +163,10 @@ class VllmEngineFactory:
         if used_before is not None and used_after is not None:
             physical = self._physical(devices)
             footprint = {d: max(0, used_after[d] - used_before[d]) for d in physical if d < len(used_after)}
-        return VllmEngine(engine, owner, lora, footprint)
+        counter = PromptCounter(card, tokenizer, owner)
+        # From now on the size check counts with the engine's own tokenizer.
+        register_counter(card.key, counter)
+        return VllmEngine(engine, owner, lora, footprint, counter)
 
     def _physical(self, devices: tuple[int, ...]) -> list[int]:
         """NVML (PCI bus order) indices of the app's logical devices, through CUDA_VISIBLE_DEVICES."""
@@ -235,10 +251,17 @@ class VllmEngine:
     resident = True
 
     def __init__(
-        self, engine: Any, owner: ChatTemplateOwner, lora: Any, footprint: dict[int, int] | None = None
+        self,
+        engine: Any,
+        owner: ChatTemplateOwner,
+        lora: Any,
+        footprint: dict[int, int] | None = None,
+        counter: PromptCounter | None = None,
     ) -> None:
         self._engine = engine
         self._owner = owner
+        self._tokenizer = engine.get_tokenizer()
+        self._counter = counter
         self._lora = lora
         # What the build took on each GPU (NVML index: bytes), measured around it.
         self._footprint = footprint
@@ -263,23 +286,27 @@ class VllmEngine:
     ) -> AsyncIterator[TextDelta | StreamEnd]:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
-        from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+        from vllm.v1.engine.exceptions import EngineDeadError
 
-        rendered = render(card, messages, self._owner)
-        params = SamplingParams(
-            **{
-                **card.sampling_defaults,
-                "temperature": sampling.temperature,
-                "top_p": sampling.top_p,
-                "max_tokens": sampling.max_tokens,
-                "seed": sampling.seed,
-                "ignore_eos": sampling.ignore_eos,
-                "stop_token_ids": rendered.stop_token_ids or None,
-                "output_kind": RequestOutputKind.DELTA,
-            }
-        )
+        literal = render_literal(card, messages, self._owner, self._tokenizer)
+        rendered = literal.rendered
+        try:
+            params = SamplingParams(
+                **{
+                    **card.sampling_defaults,
+                    "temperature": sampling.temperature,
+                    "top_p": sampling.top_p,
+                    "max_tokens": sampling.max_tokens,
+                    "seed": sampling.seed,
+                    "ignore_eos": sampling.ignore_eos,
+                    "stop_token_ids": rendered.stop_token_ids or None,
+                    "output_kind": RequestOutputKind.DELTA,
+                }
+            )
+        except Exception as error:
+            raise self._refusal(card, error, literal) from None
         outputs = self._engine.generate(
-            engine_prompt(card, rendered), params, request_id, lora_request=self._lora
+            engine_prompt(card, rendered, literal.token_ids), params, request_id, lora_request=self._lora
         )
         prompt_tokens = completion_tokens = 0
         finished = False
@@ -300,16 +327,29 @@ class VllmEngine:
                 f"{card.display_name} stopped unexpectedly (its engine process died); "
                 "send the message again to restart it."
             ) from None
-        except EngineGenerateError as error:
-            raise EngineError(f"{card.display_name} could not answer: {_first_line(error)}") from None
-        except ValueError as error:
-            # vLLM validates the prompt (length, media) as the request is added.
-            raise PromptError(f"{card.display_name} cannot take this input: {_first_line(error)}") from None
+        except Exception as error:
+            # vLLM validates the prompt (length, media, sampling) as the request is added.
+            raise self._refusal(card, error, literal) from None
         finally:
             await outputs.aclose()
             if not finished:
                 with contextlib.suppress(Exception):
                     await self._engine.abort(request_id)
+
+    def _refusal(self, card: ModelCard, error: BaseException, literal: LiteralPrompt) -> EngineError:
+        """The user's line for an error from vLLM's request path (logged: one line with its
+        cause; the traceback at debug level)."""
+        counted = None
+        if self._counter is not None:
+            with contextlib.suppress(Exception):
+                counted = self._counter.count_rendered(literal)
+        message = explain_request_error(card, error, literal.rendered, counted)
+        cause = _root_cause(error)
+        log.info("%s refused a request: %s", card.key, message)
+        if message.startswith(card.display_name + " could not answer"):
+            log.warning("%s could not answer: %s: %s", card.key, type(cause).__name__, _first_line(cause))
+        log.debug("the refused request's error", exc_info=error)
+        return PromptError(message)
 
     async def sleep(self) -> None:
         await self._engine.sleep(level=1)
@@ -332,9 +372,12 @@ class VllmEngine:
             await asyncio.to_thread(wait_for_memory_freed, before, self._footprint)
 
 
-def engine_prompt(card: ModelCard, rendered: RenderedPrompt) -> dict[str, Any]:
+def engine_prompt(
+    card: ModelCard, rendered: RenderedPrompt, token_ids: list[int] | None = None
+) -> dict[str, Any]:
     """vLLM's prompt dict: media in order, videos with their metadata where the model uses it,
-    and images' content hashes as ids so a picture repeated across turns hits vLLM's caches."""
+    and images' content hashes as ids so a picture repeated across turns hits vLLM's caches.
+    `token_ids`: the prompt as ids instead of text (where user text must stay text)."""
     data: dict[str, Any] = {}
     uuids: dict[str, Any] = {}
     if rendered.images:
@@ -344,7 +387,9 @@ def engine_prompt(card: ModelCard, rendered: RenderedPrompt) -> dict[str, Any]:
             uuids["image"] = hashes
     if rendered.videos:
         data["video"] = [_video_input(video, card.video_metadata) for video in rendered.videos]
-    prompt: dict[str, Any] = {"prompt": rendered.prompt}
+    prompt: dict[str, Any] = (
+        {"prompt": rendered.prompt} if token_ids is None else {"prompt_token_ids": token_ids}
+    )
     if data:
         prompt["multi_modal_data"] = data
     if uuids:
@@ -389,6 +434,48 @@ def explain_build_error(card: ModelCard, error: BaseException) -> str:
     if re.search(r"gated repo|401|403|access to model", text, re.IGNORECASE):
         return f"{name}: the model repository needs a Hugging Face token with access (HF_TOKEN)."
     return f"{name} could not be loaded: {_first_line(error)}"
+
+
+# vLLM's image processors refuse extreme shapes ("absolute aspect ratio must be smaller than 200").
+_ASPECT = re.compile(r"aspect ratio must be (?:smaller|less) than (\d+)")
+
+
+def explain_request_error(
+    card: ModelCard, error: BaseException, rendered: RenderedPrompt, counted: int | None = None
+) -> str:
+    """What went wrong with one request, in one line that says what to change (no class names,
+    paths or tracebacks): vLLM's validation messages, the media processors' refusals, else the
+    deepest cause's first line."""
+    name = card.display_name
+    causes = _causes(error)
+    for cause in causes:
+        line = explain_refusal(name, str(cause), counted)
+        if line is not None:
+            return line
+    text = " ".join(str(c) for c in causes)
+    aspect = _ASPECT.search(text)
+    if aspect:
+        limit = int(aspect.group(1))
+        sizes = [image.size for image in rendered.images if hasattr(image, "size")]
+        bad = [f"{w}x{h}" for w, h in sizes if max(w, h) >= limit * max(1, min(w, h))]
+        shown = f" ({', '.join(bad)} pixels)" if bad else ""
+        return (
+            f"{name} cannot take this image{shown}: its long side may be at most {limit} times its "
+            "short side. Crop it or send another picture."
+        )
+    if re.search(r"can't serialize ints|int too big|OverflowError", text):
+        return f"{name} cannot take a number this large in the request; use smaller settings."
+    root = _root_cause(error)
+    detail = _first_line(root) if str(root).strip() else ""
+    if isinstance(root, ValueError | TypeError) and detail:
+        return f"{name} cannot take this input: {detail}"
+    return f"{name} could not answer this message (the cause has been logged); try another message."
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    """The deepest error with a message (vLLM wraps causes in message-less errors)."""
+    with_text = [c for c in _causes(error) if str(c).strip()]
+    return with_text[-1] if with_text else error
 
 
 def _causes(error: BaseException) -> list[BaseException]:

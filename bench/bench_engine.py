@@ -1,4 +1,5 @@
-"""Engine benchmark on the tiny random-weight models (CPU by default), all in one run:
+"""Engine benchmark on the demo models (random-weight twins of Qwen2-VL and LLaVA-1.5; CPU by
+default), all in one run:
 
 - wall time of 1, 4, 8 and 16 concurrent streams through the manager, and the ratio to one;
 - time to first token and per-token time through the manager against calling the same
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from app.tiny_model import build_tiny_vlm, tiny_card, use_local_vllm_environment
+from app.demo import use_local_vllm_environment
 
 SCRATCH = Path(tempfile.mkdtemp(prefix="bench-engine-"))
 use_local_vllm_environment(SCRATCH)
@@ -36,9 +37,14 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 from PIL import Image  # noqa: E402
 
+from app.cards import load_cards  # noqa: E402
 from app.config import Settings  # noqa: E402
+from app.demo import demo_cards  # noqa: E402
 from app.engine import EngineManager, SamplingSettings, StreamEnd, TextDelta  # noqa: E402
 from app.vllm_engine import VllmEngineFactory, engine_prompt, process_tree_memory  # noqa: E402
+
+# Short keys for the two demo models.
+BENCH_KEYS = {"tiny-a": "demo_qwen2_vl", "tiny-b": "demo_llava"}
 
 ROUNDS = 40
 
@@ -110,8 +116,9 @@ async def direct(
 
 
 async def run(swaps: int, tokens: int) -> None:
-    folders = {v: build_tiny_vlm(SCRATCH / v, v) for v in ("tiny-a", "tiny-b")}
-    cards = {v: tiny_card(v, folder, v) for v, folder in folders.items()}
+    # The demo models (random-weight twins of Qwen2-VL and LLaVA-1.5) under short keys.
+    demo = demo_cards(load_cards(), SCRATCH / "twins")
+    cards = {key: demo[demo_key].model_copy(update={"key": key}) for key, demo_key in BENCH_KEYS.items()}
     # One engine at a time: the swap figures below need a swap per model change.
     settings = Settings(gpu_count=0, cpu_kv_cache_bytes=128 * 2**20, idle_unload_s=0, max_resident=1)
     factory = RecordingFactory(settings)

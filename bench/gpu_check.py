@@ -55,7 +55,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.cards import QWEN_PATCH_PIXELS
-from app.tiny_model import CHAT_TEMPLATE, SPECIAL_TOKENS, TRAINING_TEXT, tiny_card
+from app.twins.common import QWEN_SPECIAL_TOKENS
 
 GIB = 2**30
 MAX_MODEL_LEN = 4096
@@ -156,17 +156,15 @@ def log(message: str) -> None:
 
 
 def train_tokenizer() -> Any:
-    """Qwen2-VL's special tokens and chat template on a byte-level BPE trained here: the demo
-    models' tokenizer (`app.tiny_model`), at this check's context length."""
+    """Qwen2-VL's special tokens on a byte-level BPE trained here, as the twins have them
+    (`app.twins`), at this check's context length (the card renders its own prompt format)."""
     from app.twins import train_tokenizer as train
 
     return train(
-        SPECIAL_TOKENS,
+        QWEN_SPECIAL_TOKENS,
         eos="<|im_end|>",
         pad="<|endoftext|>",
-        chat_template=CHAT_TEMPLATE,
         max_length=MAX_POSITION_EMBEDDINGS,
-        text=TRAINING_TEXT,
     )
 
 
@@ -231,7 +229,6 @@ def write_model_folder(folder: Path, spec: ModelSpec) -> Path:
         image_processor=Qwen2VLImageProcessor(**pixels),
         video_processor=Qwen2VLVideoProcessor(**pixels),
         tokenizer=tokenizer,
-        chat_template=CHAT_TEMPLATE,
     )
     model_config(spec, tokenizer).save_pretrained(folder)
     processor.save_pretrained(folder)
@@ -303,16 +300,23 @@ def check_folder(folder: Path, spec: ModelSpec) -> list[dict[str, Any]]:
         from PIL import Image
         from transformers import AutoConfig, AutoProcessor
 
+        from app.adapters import render
+
         config = AutoConfig.from_pretrained(folder)
         processor = AutoProcessor.from_pretrained(folder)
+        image = Image.fromarray(np.zeros((IMAGE_SIDE, IMAGE_SIDE, 3), dtype=np.uint8))
         messages = [
             {
                 "role": "user",
-                "content": [{"type": "image"}, {"type": "text", "text": "Describe this picture."}],
+                "content": [
+                    {"type": "image", "image": image},
+                    {"type": "text", "text": "Describe this picture."},
+                ],
             }
         ]
-        prompt = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        image = Image.fromarray(np.zeros((IMAGE_SIDE, IMAGE_SIDE, 3), dtype=np.uint8))
+        # The prompt as the app writes it: the card's format (Qwen2-VL's).
+        role = next(role for role, known in SPECS.items() if known is spec)
+        prompt = render(model_card(role, folder), messages, processor.tokenizer).prompt
         inputs = processor(text=[prompt], images=[image], return_tensors="np")
         ids = inputs["input_ids"][0]
         image_tokens = int((ids == config.image_token_id).sum())
@@ -324,7 +328,7 @@ def check_folder(folder: Path, spec: ModelSpec) -> list[dict[str, Any]]:
             and int(ids.max()) < spec.vocab_size
         )
         detail = (
-            f"{type(processor).__name__}; chat template {'as expected' if prompt == PROMPT else 'differs'}; "
+            f"{type(processor).__name__}; prompt {'as expected' if prompt == PROMPT else 'differs'}; "
             f"a {IMAGE_SIDE}x{IMAGE_SIDE} image -> {image_tokens} image tokens (expected {expected}); "
             f"tokenizer of {len(processor.tokenizer)} tokens"
         )
@@ -355,7 +359,7 @@ def check_folder(folder: Path, spec: ModelSpec) -> list[dict[str, Any]]:
         )
 
     check("AutoConfig.from_pretrained", config_loads)
-    check("AutoProcessor.from_pretrained, chat template and image tokens", processor_loads)
+    check("AutoProcessor.from_pretrained, the card's prompt and image tokens", processor_loads)
     check("parameter count (transformers, meta device)", parameter_count)
     check("vLLM's model config (no engine)", vllm_accepts)
     return checks
@@ -1023,18 +1027,20 @@ async def swaps_build(plan: Plan) -> dict[str, Any]:
 
 
 def model_card(role: str, folder: Path) -> Any:
-    """The app's card for a folder: the tiny model's (Qwen2-VL's prompt format) with this
+    """The app's card for a folder: the Qwen2-VL card's twin (its prompt format) with this
     model's engine arguments, one image a prompt, and its parameter count for memory sizing."""
-    from app.cards import ModelCard, VisualTokens
+    from app.cards import ModelCard, VisualTokens, load_cards
+    from app.demo import twin_card
 
     spec = SPECS[role]
-    fields = tiny_card(spec.key, folder).model_dump()
+    fields = twin_card(load_cards()["qwen2_vl"], folder, spec.key).model_dump()
     fields.update(
         display_name=f"{spec.title} (dummy weights)",
         modalities=["image"],
         multi_image=False,
         parameters_b=spec.parameters / 1e9,
         reference="bench/gpu_check.py (dummy weights)",
+        engine_overrides=None,
         reference_engine_args={
             "model": str(folder),
             "load_format": "dummy",

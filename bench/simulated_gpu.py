@@ -323,10 +323,12 @@ def simulated_cards(models: Sequence[SimulatedModel]) -> dict[str, ModelCard]:
     """Cards for the simulated models (a Qwen2-VL-style format; only keys and names matter)."""
     from pathlib import Path
 
-    from app.tiny_model import tiny_card
+    from app.cards import load_cards
+    from app.demo import twin_card
 
+    qwen2_vl = load_cards()["qwen2_vl"]
     cards = {}
     for model in models:
-        card = tiny_card(model.key, Path("/simulated") / model.key)
+        card = twin_card(qwen2_vl, Path("/simulated") / model.key, model.key)
         cards[model.key] = card.model_copy(update={"display_name": f"Simulated {model.key}"})
     return cards

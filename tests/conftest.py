@@ -1,4 +1,4 @@
-"""Shared fixtures: vLLM's environment for tests, tiny local models, and an event loop thread.
+"""Shared fixtures: vLLM's environment for tests, the demo twins, and an event loop thread.
 
 vLLM reads its environment when it is imported, and its engine processes inherit it, so the
 variables are set here, before any test module imports vLLM.
@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import pytest
 from hypothesis import settings
 
-from app.tiny_model import use_local_vllm_environment
+from app.demo import use_local_vllm_environment
 
 # Property tests: the same examples on every run by default, so that CI's verdict is the code's,
 # not the draw's; `HYPOTHESIS_PROFILE=deep` draws many more, at random (run it after a change
@@ -54,17 +54,16 @@ def loop() -> Iterator[LoopThread]:
     thread.close()
 
 
-@pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Two tiny random-weight Qwen2-VL models of different sizes, built locally."""
-    from app.tiny_model import build_tiny_vlm
-
-    root = tmp_path_factory.mktemp("tiny-models")
-    return {variant: build_tiny_vlm(root / variant, variant) for variant in ("tiny-a", "tiny-b")}
+# The demo models, under the keys the engine tests use: twins of two real cards with different
+# prompt formats (Qwen2-VL's and LLaVA-1.5's), random weights made by vLLM.
+TINY_TWINS = {"tiny-a": "qwen2_vl", "tiny-b": "llava"}
 
 
 @pytest.fixture(scope="session")
-def tiny_cards(tiny_models: dict[str, Path]) -> dict[str, Any]:
-    from app.tiny_model import tiny_card
+def tiny_cards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from app.cards import load_cards
+    from app.demo import twin_card
+    from app.twins import build_twin
 
-    return {variant: tiny_card(variant, folder, variant) for variant, folder in tiny_models.items()}
+    cards, root = load_cards(), tmp_path_factory.mktemp("tiny-twins")
+    return {key: twin_card(cards[of], build_twin(cards[of], root), key) for key, of in TINY_TWINS.items()}

@@ -105,8 +105,9 @@ NGramPerReqLogitsProcessor.__module__ = "vllm.model_executor.models.deepseek_ocr
 
 
 def qualified_name(obj: Any) -> Any:
+    """A class as vLLM takes it by name (`module:Class`; a dotted name is refused)."""
     if isinstance(obj, type):
-        return f"{obj.__module__}.{obj.__qualname__}"
+        return f"{obj.__module__}:{obj.__qualname__}"
     return obj
 
 

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from app.config import MemoryBudget, Settings, SettingsError, detect_gpu_count
+from app.config import (
+    MemoryBudget,
+    Settings,
+    SettingsError,
+    add_flags,
+    detect_gpu_count,
+    env_name,
+    flag_name,
+    from_command_line,
+)
 
 
 def test_settings_come_from_the_environment():
@@ -98,3 +109,83 @@ def test_settings_naming_models_outside_the_catalog_are_refused():
         Settings(remote_engines={"gemma4": "http://x/v1"}).check_keys({"gemma3"})
     with pytest.raises(SettingsError, match="APP_DEFAULT_MODEL"):
         Settings(default_model="nope").check_keys({"llava"})
+
+
+def flags(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_flags(parser)
+    return parser.parse_args(argv)
+
+
+@pytest.mark.parametrize(
+    ("field", "text"),
+    [
+        ("max_resident", "0"),
+        ("gpu_count", "abc"),
+        ("port", "99999"),
+        ("quantum_s", "-1"),
+        ("idle_unload_s", "soon"),
+        ("memory_budget", "lots"),
+        ("memory_budget", "0"),
+        ("max_upload_bytes", "big"),
+        ("host_memory_budget", "-1"),
+        ("cpu_kv_cache_bytes", "x"),
+        ("model_folders", "llava"),
+        ("remote_engines", "gemma3"),
+        ("queue_size", "0"),
+        ("concurrency", "-3"),
+        ("tensor_parallel_size", "0"),
+    ],
+)
+def test_a_bad_value_is_refused_the_same_way_from_a_variable_and_from_a_flag(field: str, text: str):
+    variable, flag = env_name(field), flag_name(field)
+    with pytest.raises(SettingsError) as from_env:
+        Settings.from_env({"APP_GPU_COUNT": "0", variable: text})
+    with pytest.raises(SettingsError) as from_flag:
+        from_command_line(flags(flag, text), env={"APP_GPU_COUNT": "0"})
+    message = str(from_env.value)
+    assert message.startswith(f"{variable}={text!r}: write ") and "\n" not in message
+    assert str(from_flag.value) == message.replace(variable, flag, 1)
+
+
+def test_a_bad_switch_names_its_variable():
+    with pytest.raises(SettingsError, match=r"^APP_SHARE='maybe': write 1 or 0"):
+        Settings.from_env({"APP_SHARE": "maybe"})
+
+
+def test_flags_override_the_environment_and_are_validated_with_it():
+    env = {"APP_GPU_COUNT": "0", "APP_MAX_RESIDENT": "3", "APP_PORT": "8000"}
+    settings = from_command_line(
+        flags("--max-resident", "2", "--model-folder", "llava=/m/l", "--no-eager"), env
+    )
+    assert (settings.max_resident, settings.port, settings.enforce_eager) == (2, 8000, False)
+    assert settings.model_folders == {"llava": Path("/m/l")}
+    # A flag replaces its variable before anything is validated: a bad variable it replaces is no error.
+    assert from_command_line(flags("--max-resident", "1"), {**env, "APP_MAX_RESIDENT": "0"}).max_resident == 1
+    with pytest.raises(SettingsError, match=r"^APP_MAX_RESIDENT='0'"):
+        from_command_line(flags("--port", "8001"), {**env, "APP_MAX_RESIDENT": "0"})
+
+
+def test_every_setting_has_a_variable_a_flag_and_a_default_in_the_help():
+    parser = argparse.ArgumentParser()
+    add_flags(parser)
+    helps = {action.dest: action.help for action in parser._actions}
+    for name in Settings.model_fields:
+        assert f"({env_name(name)}; default: " in helps[name]
+    assert Settings.from_env(
+        {
+            "APP_GPU_COUNT": "0",
+            "APP_TENSOR_PARALLEL_SIZE": "1",
+            "APP_MAX_UPLOAD": "1GB",
+            "APP_LOAD_FORMAT": "dummy",
+        }
+    ) == Settings(tensor_parallel_size=1, max_upload_bytes=10**9, load_format="dummy")
+
+
+def test_settings_in_code_read_no_environment_and_are_validated(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("APP_PORT", "1234")
+    assert Settings().port == 7860
+    with pytest.raises(ValidationError):
+        Settings(max_resident=0)
+    with pytest.raises(SettingsError, match=r"^--max-resident='0': write a whole number of at least 1$"):
+        Settings(gpu_count=1).with_overrides(max_resident=0)

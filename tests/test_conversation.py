@@ -21,13 +21,13 @@ from app.conversation import (
     make_turn,
     user_message,
 )
+from app.demo import twin_card
 from app.engine import EngineError
 from app.media import MediaError, VideoDecoderPool
-from app.tiny_model import tiny_card
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "static" / "examples"
 CARDS = load_cards()
-TINY = tiny_card("demo", Path("/nonexistent/tiny"))
+TINY = twin_card(CARDS["qwen2_vl"], Path("/nonexistent/tiny"), "demo")
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +48,12 @@ def test_the_estimate_counts_text_and_each_image_by_its_size():
         TINY, [{"role": "user", "content": [{"type": "image", "image": large}]}]
     )
     assert text_only >= 100
-    # 56x56 is 4 patches of 28x28; a large image is capped at the tiny processor's 64 patches.
-    assert (with_small - 8, with_large - 8) == (4, 64)
+    # 56x56 is 4 patches of 28x28; 1000x1000 is resized to stay under the card's max_pixels
+    # (1003520: 1280 patches), as Qwen2-VL's processor does.
+    rule = TINY.visual_token_rule
+    assert rule.image_tokens(56, 56) == 4
+    assert 1200 < rule.image_tokens(1000, 1000) <= 1280
+    assert with_large - with_small == rule.image_tokens(1000, 1000) - 4
     # Cards without a rule of their own: Qwen's from the processor's pixel range, else a fixed count.
     assert CARDS["qwen2_5_vl"].visual_token_rule.max_pixels == 1003520
     assert CARDS["llava"].visual_token_rule.per_image == 256
@@ -58,8 +62,30 @@ def test_the_estimate_counts_text_and_each_image_by_its_size():
 def test_a_prompt_that_cannot_fit_is_refused_with_the_numbers():
     fits = check_fits(TINY, [{"role": "user", "content": "hello " * 100}])
     assert 100 < fits < 4096
-    with pytest.raises(ConversationError, match=r"about [\d,]+ tokens, more than .*\(4,096\)"):
+    with pytest.raises(ConversationError, match=r"up to [\d,]+ tokens; .* takes at most 4,096"):
         check_fits(TINY, [{"role": "user", "content": "hello " * 4000}])
+
+
+def test_without_a_tokenizer_the_estimate_is_never_below_the_tokenizers_count(tmp_path: Path):
+    from app.tokens import counter_for
+    from app.twins import build_twin
+
+    twin = twin_card(CARDS["qwen2_vl"], build_twin(CARDS["qwen2_vl"], tmp_path), "twin-in-folder")
+    counter = counter_for(twin)  # the tokenizer files in the model's local folder
+    assert counter is not None and counter_for(TINY) is None
+    answer = "It is sunny with a few clouds. " * 20
+    for messages in (
+        [{"role": "user", "content": "hi"}],
+        [{"role": "user", "content": "中文字符，标点。" * 400}],
+        [
+            {"role": "user", "content": "Describe the weather."},
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "And tomorrow? <|im_end|>"},
+        ],
+    ):
+        exact = counter.count(messages)
+        assert estimate_prompt_tokens(twin, messages) == exact
+        assert estimate_prompt_tokens(TINY, messages) >= exact
 
 
 def test_media_the_model_cannot_take_is_refused_counting_the_whole_conversation():

@@ -1,4 +1,4 @@
-"""The engine manager on the real vLLM engine (CPU), serving two tiny random-weight models.
+"""The engine manager on the real vLLM engine (CPU), serving the two demo twins.
 
 Random weights print nonsense, so the tests assert on what the pipeline controls: token counts
 (`ignore_eos`), finish reasons, prompt sizes, states, processes and memory.
@@ -21,6 +21,7 @@ import pytest
 from clips import write_video
 from PIL import Image
 
+from app.cards import load_cards
 from app.config import Settings
 from app.engine import (
     EngineError,
@@ -34,6 +35,8 @@ from app.engine import (
 )
 from app.media import load_video
 from app.vllm_engine import VllmEngineFactory, process_tree_memory
+
+CATALOG = load_cards()
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -146,15 +149,16 @@ def test_video_answer_prompt_grows_with_the_frames_sampled(loop, manager, tmp_pa
     assert long["end"].prompt_tokens > short["end"].prompt_tokens
 
 
-def test_eight_concurrent_streams_are_batched_not_serialised(loop, manager):
+def test_as_many_concurrent_streams_as_the_card_batches_are_batched_not_serialised(loop, manager, tiny_cards):
     sampling = replace(FIXED, max_tokens=48)
+    batch = tiny_cards["tiny-a"].engine_args["max_num_seqs"]  # Qwen2-VL's card: 5
 
-    async def eight():
+    async def together():
         return await asyncio.gather(
-            *(answer(manager, "tiny-a", ask(f"Question {i}"), sampling) for i in range(8))
+            *(answer(manager, "tiny-a", ask(f"Question {i}"), sampling) for i in range(batch))
         )
 
-    results = loop.run(eight())
+    results = loop.run(together())
     assert all(r["end"].completion_tokens == 48 for r in results)
     # Under a lock, each stream would start after the previous one ended. Batched, every
     # stream has produced text before the first one finishes.
@@ -257,7 +261,7 @@ def test_killing_the_engine_process_mid_answer_fails_the_stream_then_rebuilds(lo
     finally:
         loop.run(manager.close())
     assert error is not None and "stopped unexpectedly" in str(error)
-    assert failed.state is ModelState.FAILED and "Tiny random Qwen2-VL" in failed.reason
+    assert failed.state is ModelState.FAILED and "random-weight twin" in failed.reason
     assert again["end"].completion_tokens == FIXED.max_tokens
     assert factory.builds == ["tiny-b", "tiny-a", "tiny-a"]
     assert bystander["end"].finish_reason == "length" and bystander["end"].completion_tokens == 400
@@ -269,9 +273,9 @@ def test_a_failed_build_names_the_model_and_cause_and_the_manager_keeps_working(
     broken_folder = tmp_path / "no-weights"
     broken_folder.mkdir()
     (broken_folder / "config.json").write_text('{"model_type": "qwen2_vl", "architectures": ["Nope"]}')
-    from app.tiny_model import tiny_card
+    from app.demo import twin_card
 
-    cards = {**tiny_cards, "broken": tiny_card("broken", broken_folder)}
+    cards = {**tiny_cards, "broken": twin_card(CATALOG["qwen2_vl"], broken_folder, "broken")}
     manager = EngineManager(cards, SETTINGS, VllmEngineFactory(SETTINGS))
     try:
         with pytest.raises(EngineError) as error:
@@ -282,7 +286,8 @@ def test_a_failed_build_names_the_model_and_cause_and_the_manager_keeps_working(
         loop.run(manager.close())
     assert status.state is ModelState.FAILED
     assert status.reason == str(error.value)
-    assert status.reason.startswith("Tiny random Qwen2-VL") and "could not be loaded" in status.reason
+    assert status.reason.startswith("Qwen2-VL 7B Instruct: random-weight twin")
+    assert "could not be loaded" in status.reason
     assert str(broken_folder) not in status.reason and "Traceback" not in status.reason
     assert fine["end"].completion_tokens == FIXED.max_tokens
 
@@ -326,13 +331,13 @@ def test_the_model_state_describes_itself_for_the_ui():
 def test_video_frames_reach_the_engine_as_sampled(tmp_path: Path):
     """What the manager hands vLLM for a video: the sampled frames with their metadata."""
     from app.adapters import RenderedPrompt
-    from app.tiny_model import tiny_card
+    from app.demo import twin_card
     from app.vllm_engine import engine_prompt
 
     clip = load_video(write_video(tmp_path / "c.mp4"), num_frames=4)
     image = Image.new("RGB", (8, 8))
     image.info["content_hash"] = "abc"
-    card = tiny_card("t", tmp_path)
+    card = twin_card(CATALOG["qwen2_5_vl"], tmp_path, "t")  # a card that sends video metadata
     prompt = engine_prompt(card, RenderedPrompt("p", [image], [clip]))
     frames, metadata = prompt["multi_modal_data"]["video"][0]
     assert frames is clip.frames and metadata["frames_indices"] == clip.metadata["frames_indices"]

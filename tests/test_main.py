@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from ports import free_port
 
-from app.__main__ import DEMO_VARIANTS, catalog_markdown, default_model, offered, with_demo_models
+from app.__main__ import catalog_markdown, default_model, offered, with_demo_models
 from app.cards import CARDS_DIR, load_cards
-from app.config import Settings
+from app.config import Settings, env_name, flag_name
+from app.demo import DEMO_TWINS
 
 ROOT = Path(__file__).resolve().parent.parent
 CARDS = load_cards()
@@ -68,7 +69,7 @@ def test_command_line_flags_override_settings_and_name_unknown_models():
 def test_a_gpu_machine_defaults_to_a_small_strong_model_and_gets_no_demo_models(tmp_path: Path):
     settings = Settings(gpu_count=1, demo_dir=tmp_path)
     cards = with_demo_models(CARDS, settings)
-    assert not set(DEMO_VARIANTS) & set(cards)
+    assert not set(DEMO_TWINS) & set(cards)
     assert default_model(cards, settings) == "qwen2_5_vl"
     only = Settings(gpu_count=1, models=("llava", "phi3_v"))
     assert set(offered(CARDS, only)) == {"llava", "phi3_v"}
@@ -79,21 +80,25 @@ def test_a_gpu_machine_defaults_to_a_small_strong_model_and_gets_no_demo_models(
 def test_a_machine_that_can_serve_nothing_gets_the_demo_models(tmp_path: Path):
     settings = Settings(gpu_count=0, demo_dir=tmp_path)
     cards = with_demo_models(CARDS, settings)
-    assert set(DEMO_VARIANTS) <= set(cards)
-    assert default_model(cards, settings) == "demo_tiny_a"
-    assert (tmp_path / "tiny-a" / "config.json").exists()
-    assert "random weights" in cards["demo_tiny_a"].display_name
+    assert set(DEMO_TWINS) <= set(cards)
+    assert default_model(cards, settings) == "demo_qwen2_vl"
+    assert (tmp_path / "qwen2_vl" / "config.json").exists()
+    # The demo models are the real cards, served from their twins, and labelled so.
+    for key, of in DEMO_TWINS.items():
+        assert cards[key].display_name == f"{CARDS[of].display_name}: random-weight twin"
+        assert cards[key].prompt == CARDS[of].prompt and cards[key].engine_args["load_format"] == "dummy"
+    assert cards["demo_qwen2_vl"].prompt != cards["demo_llava"].prompt
     # A remote engine makes a real model servable, so no demo models unless asked for.
     remote = Settings(gpu_count=0, demo_dir=tmp_path, remote_engines={"qwen2_5_vl": "http://gpu:8000/v1"})
-    assert not set(DEMO_VARIANTS) & set(with_demo_models(CARDS, remote))
+    assert not set(DEMO_TWINS) & set(with_demo_models(CARDS, remote))
     forced = Settings(gpu_count=0, demo_dir=tmp_path, demo_models=True, remote_engines=remote.remote_engines)
-    assert set(DEMO_VARIANTS) <= set(with_demo_models(CARDS, forced))
+    assert set(DEMO_TWINS) <= set(with_demo_models(CARDS, forced))
 
 
 @pytest.mark.slow
 def test_the_run_command_serves_the_page_with_labelled_demo_models(tmp_path: Path):
     """The README's run command on a machine with no GPU: the page comes up offering the demo
-    models, labelled as random weights, and the real models as unavailable."""
+    models, labelled as random-weight twins, and the real models as unavailable."""
     port = free_port()
     env = {**os.environ, "APP_GPU_COUNT": "0", "APP_PORT": str(port), "APP_DEMO_DIR": str(tmp_path / "demo")}
     env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
@@ -116,7 +121,8 @@ def test_the_run_command_serves_the_page_with_labelled_demo_models(tmp_path: Pat
                 time.sleep(0.5)
         assert config is not None, app.stdout.read() if app.poll() is not None else "no page in 120 s"
         text = json.dumps(config)
-        assert "Tiny random Qwen2-VL (tiny-a, random weights: for trying the interface)" in text
+        assert "Qwen2-VL 7B Instruct: random-weight twin" in text
+        assert "LLaVA 1.5 7B: random-weight twin" in text
         assert "Qwen2.5-VL 3B Instruct (unavailable)" in text
     finally:
         app.terminate()
@@ -135,3 +141,72 @@ def test_the_readme_shows_each_main_view_from_the_browser_tests():
     for view in ("chat.png", "chat-video.png", "loading.png", "compare.png"):
         assert f"docs/screenshots/{view}" in readme
         assert (ROOT / "docs" / "screenshots" / view).stat().st_size > 10_000
+
+
+def help_lines() -> dict[str, str]:
+    """`python -m app --help`, each option's text on one line, by its first flag."""
+    result = run_app("--help")
+    assert result.returncode == 0, result.stderr
+    options: list[str] = []
+    for line in result.stdout.splitlines():
+        if line.startswith("  -"):
+            options.append(line.strip())
+        elif line.startswith("    ") and options:
+            options[-1] += " " + line.strip()
+    return {option.split()[0].rstrip(","): option for option in options}
+
+
+def test_help_lists_a_flag_for_every_setting_with_its_variable_and_default():
+    lines = help_lines()
+    for name in Settings.model_fields:
+        flag, variable = flag_name(name), env_name(name)
+        assert flag in lines, f"no flag for {name}"
+        assert f"({variable}; default: " in lines[flag], lines[flag]
+    for flag, default in [
+        ("--port", "7860"),
+        ("--quantum-s", "30"),
+        ("--queue-size", "64"),
+        ("--max-upload", "200MB"),
+    ]:
+        assert f"default: {default})" in lines[flag]
+    for flag in ("--allow-remote-code", "--gpu-count", "--cards-dir", "--tensor-parallel-size"):
+        assert flag in lines
+
+
+@pytest.mark.parametrize(
+    ("variable", "flag", "text"),
+    [
+        ("APP_MAX_RESIDENT", "--max-resident", "0"),
+        ("APP_GPU_COUNT", "--gpu-count", "abc"),
+        ("APP_PORT", "--port", "http"),
+        ("APP_QUANTUM_S", "--quantum-s", "-1"),
+        ("APP_MEMORY_BUDGET", "--memory-budget", "0"),
+    ],
+)
+def test_a_bad_value_is_one_line_naming_its_variable_or_flag_the_same_way(
+    variable: str, flag: str, text: str
+):
+    from_env = run_app("--list", **{variable: text})
+    from_flag = run_app("--list", flag, text)
+    for result, name in ((from_env, variable), (from_flag, flag)):
+        assert result.returncode == 2, result.stdout
+        assert "Traceback" not in result.stderr
+        assert result.stderr.count("\n") == 1 and f"{name}={text!r}: write " in result.stderr, result.stderr
+    assert from_flag.stderr == from_env.stderr.replace(variable, flag)
+
+
+def test_the_list_has_a_header_and_the_demo_models_a_machine_without_a_gpu_serves(tmp_path: Path):
+    demo = {"APP_GPU_COUNT": "0", "APP_DEMO_DIR": str(tmp_path / "demo")}
+    listing = run_app("--list", **demo)
+    assert listing.returncode == 0, listing.stderr
+    header, *rows = listing.stdout.splitlines()
+    assert header.split() == ["key", "model", "repository", "media", "available"]
+    served = {row.split()[0] for row in rows if row.rstrip().endswith(" yes")}
+    assert served == set(DEMO_TWINS)
+    assert any(row.startswith("llava ") and "no: needs 1 GPU" in row for row in rows)
+    available = run_app("--list", "--available", **demo)
+    assert available.returncode == 0, available.stderr
+    header, *rows = available.stdout.splitlines()
+    assert header.split()[0] == "key"
+    assert {row.split()[0] for row in rows if row.strip() and not row.startswith(" ")} >= set(DEMO_TWINS)
+    assert not any(row.startswith("llava ") for row in rows)

@@ -39,12 +39,23 @@ def test_every_card_gets_a_need_and_sizes_follow_the_models():
     assert tensor_parallel and all(needs[k].devices == CARDS[k].gpus_needed for k in tensor_parallel)
 
 
-def test_a_local_folder_is_sized_from_its_config_and_weights(tmp_path: Path, tiny_models, tiny_cards):
+def test_a_local_folder_is_sized_from_its_config_and_weights(tmp_path: Path, tiny_cards):
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, Qwen2VLForConditionalGeneration
+
     card = tiny_cards["tiny-a"]
-    need = estimate_need(card, tiny_models["tiny-a"], on_gpu=True)
-    on_disk = sum(f.stat().st_size for f in tiny_models["tiny-a"].glob("*.safetensors"))
+    # The twin with weights saved next to its config, as a local checkpoint has them.
+    folder = tmp_path / "with-weights"
+    shutil.copytree(card.hf_repo, folder)
+    Qwen2VLForConditionalGeneration(AutoConfig.from_pretrained(folder)).to(torch.bfloat16).save_pretrained(
+        folder
+    )
+    need = estimate_need(card, folder, on_gpu=True)
+    on_disk = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
     assert need.weights_bytes == on_disk
-    config = json.loads((tiny_models["tiny-a"] / "config.json").read_text())
+    config = json.loads((folder / "config.json").read_text())
     per_token = kv_bytes_per_token(config)
     assert per_token == 2 * 2 * config["text_config"]["num_key_value_heads"] * 32 * 2
     assert need.kv_bytes == per_token * card.engine_args["max_model_len"] * card.engine_args["max_num_seqs"]
@@ -70,3 +81,12 @@ def test_cuda_visible_devices_become_nvml_indices():
     assert visible_devices({}) is None
     assert visible_devices({"CUDA_VISIBLE_DEVICES": "2,3"}) == [2, 3]
     assert visible_devices({"CUDA_VISIBLE_DEVICES": "1,-1,0"}) == [1]
+
+
+def test_an_omni_config_is_sized_from_its_thinker():
+    """Qwen2.5-Omni nests the model vLLM serves under thinker_config: without looking there a
+    twin was sized from the card's name (7B) and refused on a CPU budget."""
+    text = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+    omni = {"thinker_config": {"text_config": {**text, "vocab_size": 512}}}
+    assert parameters_from_config(omni) == parameters_from_config({**text, "vocab_size": 512})
+    assert kv_bytes_per_token(omni) == 2 * 2 * 2 * 32 * 2

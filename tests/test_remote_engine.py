@@ -20,6 +20,7 @@ from clips import write_video
 from PIL import Image
 from ports import free_port
 
+from app.cards import ModelCard
 from app.config import Settings
 from app.engine import EngineError, EngineManager, ModelState, SamplingSettings, StreamEnd, TextDelta
 from app.media import load_video
@@ -36,13 +37,14 @@ def metric(url: str, name: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server(tiny_cards: dict[str, ModelCard], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     log = (tmp_path_factory.mktemp("server") / "server.log").open("w")
     process = subprocess.Popen(
         [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(tiny_models["tiny-a"]), "--served-model-name", "tiny-remote",
+            "--model", tiny_cards["tiny-a"].hf_repo, "--load-format", "dummy",
+            "--served-model-name", "tiny-remote",
             "--host", "127.0.0.1", "--port", str(port),
             "--enforce-eager", "--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 * 2**20),
             "--limit-mm-per-prompt", '{"image": 2, "video": 1}', "--trust-request-mm-kwargs",

@@ -1,8 +1,9 @@
-"""The app end to end: the real Gradio server, the real vLLM engine on the tiny models, and
-Debian's Chromium driven by Playwright. Screenshots of the main views go to docs/screenshots/.
+"""The app end to end: the real Gradio server, the real vLLM engine on the demo twins, and
+Debian's Chromium driven by Playwright. Screenshots of the main views go to test-artifacts/screenshots/
+(`make screenshots`: to docs/screenshots/, the README's).
 
 One server and one browser serve the whole module; each test opens its own page (its own
-session). The tiny models answer nonsense, so the tests check what the app does around them.
+session). The twins answer nonsense, so the tests check what the app does around them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +25,10 @@ import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 from ports import free_port
 
-from app.cards import load_cards
+from app.cards import ModelCard, load_cards
 from app.config import Settings
-from app.engine import EngineManager
+from app.engine import EngineManager, SamplingSettings
 from app.media import VideoDecoderPool
-from app.tiny_model import tiny_card
 from app.ui import WAITING, Playground, launch
 from app.vllm_engine import VllmEngineFactory
 
@@ -36,7 +37,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "static" / "examples"
 # Tests leave the tracked tree clean: screenshots go to test-artifacts/ (ignored), and into the
-# README's folder only when asked (`UPDATE_SCREENSHOTS=1 make test`).
+# README's folder only when asked (`make screenshots`).
 SCREENSHOTS = ROOT / ("docs" if os.environ.get("UPDATE_SCREENSHOTS") else "test-artifacts") / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
 # Without the background-networking flags Chromium keeps dialling Google on a closed network.
@@ -51,24 +52,37 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
 ]
 UPLOAD_LIMIT = 5 * 10**6
-TINY_A, TINY_B = "demo_tiny_a", "demo_tiny_b"
+TINY_A, TINY_B = "demo_qwen2_vl", "demo_llava"
+# Their labels in the model pickers: twins of Qwen2-VL and LLaVA-1.5, two prompt formats.
+LABEL_A, LABEL_B = "Qwen2-VL 7B Instruct: random-weight twin", "LLaVA 1.5 7B: random-weight twin"
 
 
 class RecordingFactory(VllmEngineFactory):
-    """The app's factory, keeping the engines it builds so a test can kill one's process."""
+    """The app's factory, keeping the engines it builds so a test can kill one's process. Its
+    engines run every answer to its max tokens: the twins' random weights sample about evenly
+    over a vocabulary of some 500 tokens, so an answer may end on its end-of-sequence token at
+    any point, and the tests that stop or kill an answer mid-way need it still running."""
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
         self.engines: dict[str, Any] = {}
+        self.asked: list[Any] = []  # the messages of every request, in order
 
     async def build(self, card: Any, report: Callable[[str], None], devices: tuple[int, ...] = (0,)) -> Any:
         engine = await super().build(card, report, devices)
+        generate = engine.generate
+
+        def to_max_tokens(card: Any, messages: Any, sampling: SamplingSettings, request_id: str) -> Any:
+            self.asked.append(messages)
+            return generate(card, messages, replace(sampling, ignore_eos=True), request_id)
+
+        engine.generate = to_max_tokens
         self.engines[card.key] = engine
         return engine
 
 
 @pytest.fixture(scope="module")
-def served(tiny_models: dict[str, Path]) -> Iterator[tuple[Playground, str, RecordingFactory]]:
+def served(tiny_cards: dict[str, ModelCard]) -> Iterator[tuple[Playground, str, RecordingFactory]]:
     settings = Settings(
         gpu_count=0,
         port=free_port(),
@@ -78,10 +92,11 @@ def served(tiny_models: dict[str, Path]) -> Iterator[tuple[Playground, str, Reco
         queue_size=16,
         concurrency=8,
         max_upload_bytes=UPLOAD_LIMIT,
+        default_model=TINY_A,
     )
     cards = {
-        TINY_A: tiny_card(TINY_A, tiny_models["tiny-a"], "tiny-a"),
-        TINY_B: tiny_card(TINY_B, tiny_models["tiny-b"], "tiny-b"),
+        TINY_A: tiny_cards["tiny-a"].model_copy(update={"key": TINY_A}),
+        TINY_B: tiny_cards["tiny-b"].model_copy(update={"key": TINY_B}),
         **load_cards(),
     }
     factory = RecordingFactory(settings)
@@ -261,6 +276,21 @@ def test_stop_ends_the_answer_in_the_engine_and_the_chat_goes_on(
     assert len(bot_messages(page)) == 2 and "(stopped)" not in bot_messages(page)[-1]
 
 
+def test_the_chats_own_trash_icon_clears_the_conversation_the_model_gets(
+    page: Page, served: tuple[Playground, str, RecordingFactory]
+):
+    factory = served[2]
+    set_max_tokens(page, "chat", 8)
+    send(page, "An old question about a lighthouse")
+    wait_for_answer(page)
+    page.locator("#chat button[aria-label='Clear']").click()
+    poll(lambda: user_messages(page) == 0 and not bot_messages(page))
+    send(page, "A new question")
+    wait_for_answer(page)
+    assert user_messages(page) == 1
+    assert "lighthouse" not in json.dumps(factory.asked[-1], default=str)
+
+
 def test_undo_regenerate_and_clear(page: Page):
     set_max_tokens(page, "chat", 16)
     send(page, "First question")
@@ -272,7 +302,7 @@ def test_undo_regenerate_and_clear(page: Page):
     poll(lambda: user_messages(page) == 1)
     assert page.input_value("#chat-input textarea") == "Second question"
     first_answer = bot_messages(page)[0]
-    # The tiny model's random weights answer alike whatever the seed; a longer limit shows that
+    # The twin's random weights answer alike whatever the seed; a longer limit shows that
     # the answer was made again, with the settings of now.
     set_max_tokens(page, "chat", 64)
     page.click("#regenerate")
@@ -284,8 +314,8 @@ def test_undo_regenerate_and_clear(page: Page):
 
 
 def test_switching_models_shows_the_load_progress_in_the_chat(page: Page):
-    pick(page, "model", "tiny-b")
-    poll(lambda: "tiny-b" in page.inner_text("#model-card"))
+    pick(page, "model", LABEL_B)
+    poll(lambda: LABEL_B in page.inner_text("#model-card"))
     assert "random weights" in page.inner_text("#model-card")
     send(page, "Hello, second model.")
     progress = poll(lambda: next((a for a in bot_messages(page) if a.startswith(WAITING)), None), 60)
@@ -315,7 +345,7 @@ def test_picking_a_model_sets_the_sampling_to_its_cards_defaults(page: Page):
     pick(page, "model", "DeepSeek-OCR (unavailable)")
     poll(lambda: max_tokens.input_value() == "8192", 10)
     assert float(temperature.input_value()) == 0.0
-    pick(page, "model", "tiny-b")
+    pick(page, "model", LABEL_B)
     poll(lambda: max_tokens.input_value() == "512", 10)
     assert float(temperature.input_value()) == 0.7
 
@@ -378,8 +408,8 @@ def test_two_models_compared_side_by_side_and_exported(
     page: Page, served: tuple[Playground, str, RecordingFactory]
 ):
     page.get_by_role("tab", name="Compare").click()
-    pick(page, "compare-models", "tiny-a")
-    pick(page, "compare-models", "tiny-b")
+    pick(page, "compare-models", LABEL_A)
+    pick(page, "compare-models", LABEL_B)
     set_max_tokens(page, "compare", 32)
     send(page, "Which shape is on the left?", [EXAMPLES / "shapes.png"], box="compare-input")
     heads = [page.locator(f"#compare-head-{i}") for i in (0, 1)]
@@ -395,7 +425,9 @@ def test_two_models_compared_side_by_side_and_exported(
     assert all(
         c["state"] == "done" and c["answer"] and c["ttft_s"] > 0 and c["tokens_per_s"] > 0 for c in columns
     )
-    assert all("<|vision_start|><|image_pad|><|vision_end|>" in c["prompt"] for c in columns)
+    # Each column's prompt is in its own model's format.
+    assert "<|vision_start|><|image_pad|><|vision_end|>" in columns[0]["prompt"]
+    assert columns[1]["prompt"].startswith("USER: <image>\n")
     assert exported["sampling"]["max_tokens"] == 32 and exported["files"] == ["shapes.png"]
     with page.expect_download() as download:
         page.click("#export-md")

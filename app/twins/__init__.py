@@ -24,10 +24,19 @@ from app.config import Settings
 from app.twins import internvl, mrope, native, native_more, remote_code, vllm_processors
 from app.twins.common import Builder, mrope_section, train_tokenizer
 
-__all__ = ["TWIN_BUILDERS", "build_twin", "mrope_section", "train_tokenizer", "twin_settings", "why_no_twin"]
+__all__ = [
+    "TWIN_BUILDERS",
+    "build_twin",
+    "mrope_section",
+    "train_tokenizer",
+    "twin_cases",
+    "twin_settings",
+    "twin_status",
+    "why_no_twin",
+]
 
 # Bump when any builder changes: cached twins of another version are rebuilt.
-TWIN_VERSION = 1
+TWIN_VERSION = 2
 MARKER = "twin.json"
 
 # One module per group of architectures; each holds BUILDERS (card key -> builder writing the
@@ -36,6 +45,27 @@ GROUPS = [native, internvl, mrope, native_more, remote_code, vllm_processors]
 
 TWIN_BUILDERS: dict[str, Builder] = {key: build for group in GROUPS for key, build in group.BUILDERS.items()}
 why_no_twin: dict[str, str] = {key: reason for group in GROUPS for key, reason in group.WHY_NOT.items()}
+
+
+def twin_cases(card: ModelCard) -> list[str]:
+    """What tests/test_twins.py runs on the card's twin through the real engine: the cases the
+    card takes, in the README's words (its catalog column comes from here too)."""
+    cases = ["image"] if "image" in card.modalities else []
+    if card.multi_image:
+        cases.append("several images")
+    if "video" in card.modalities:
+        cases.append("video")
+    cases.append("multi-turn")
+    if card.takes_system_prompt:
+        cases.append("system prompt")
+    return cases
+
+
+def twin_status(card: ModelCard) -> str:
+    """The README's catalog cell: what the card's twin verified on the real engine, or why no twin."""
+    if card.key in TWIN_BUILDERS:
+        return "verified: " + ", ".join(twin_cases(card))
+    return "no twin: " + why_no_twin.get(card.key, "no twin builder is written for it yet")
 
 
 def build_twin(card: ModelCard, root: Path) -> Path:

@@ -13,6 +13,8 @@ from app.twins.common import (
     LAYERS,
     LLAVA_1_5_CHAT_TEMPLATE,
     LLAVA_ONEVISION_CHAT_TEMPLATE,
+    QWEN2_5_VL_VISION,
+    QWEN2_VL_CHAT_TEMPLATE,
     QWEN_SPECIAL_TOKENS,
     Builder,
     clip_vision,
@@ -125,11 +127,14 @@ def _qwen2_vl(card: ModelCard, folder: Path) -> None:
     """Qwen2-VL: the dynamic-resolution ViT (depth 2) and a Qwen2 text model with M-RoPE."""
     from transformers import Qwen2VLConfig, Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
 
-    tokenizer = train_tokenizer(QWEN_SPECIAL_TOKENS, eos="<|im_end|>", pad="<|endoftext|>")
+    tokenizer = train_tokenizer(
+        QWEN_SPECIAL_TOKENS, eos="<|im_end|>", pad="<|endoftext|>", chat_template=QWEN2_VL_CHAT_TEMPLATE
+    )
     processor = Qwen2VLProcessor(
         image_processor=Qwen2VLImageProcessor(),
         video_processor=Qwen2VLVideoProcessor(),
         tokenizer=tokenizer,
+        chat_template=QWEN2_VL_CHAT_TEMPLATE,
     )
     config = Qwen2VLConfig(
         text_config=text_config(
@@ -159,11 +164,14 @@ def _qwen2_5_vl(card: ModelCard, folder: Path) -> None:
         Qwen2VLVideoProcessor,
     )
 
-    tokenizer = train_tokenizer(QWEN_SPECIAL_TOKENS, eos="<|im_end|>", pad="<|endoftext|>")
+    tokenizer = train_tokenizer(
+        QWEN_SPECIAL_TOKENS, eos="<|im_end|>", pad="<|endoftext|>", chat_template=QWEN2_VL_CHAT_TEMPLATE
+    )
     processor = Qwen2_5_VLProcessor(
         image_processor=Qwen2VLImageProcessor(),
         video_processor=Qwen2VLVideoProcessor(),
         tokenizer=tokenizer,
+        chat_template=QWEN2_VL_CHAT_TEMPLATE,
     )
     config = Qwen2_5_VLConfig(
         text_config=text_config(
@@ -176,15 +184,7 @@ def _qwen2_5_vl(card: ModelCard, folder: Path) -> None:
                 "mrope_section": mrope_section(HEAD_DIM),
             },
         ),
-        vision_config={
-            "depth": 2,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_heads": 2,
-            "out_hidden_size": HIDDEN,
-            "fullatt_block_indexes": [1],
-            "window_size": 112,
-        },
+        vision_config=QWEN2_5_VL_VISION,
         **_qwen_token_ids(tokenizer),
         tie_word_embeddings=False,
         architectures=[card.architecture],
@@ -613,15 +613,11 @@ BUILDERS: dict[str, Builder] = {
     "llava-next-video": _llava_next_video,
     "blip-2": _blip2,
     "glm4_1v": _glm4_1v,
+    "smolvlm": _smolvlm,
 }
 
 # Cards that cannot have a twin here, and precisely why.
 WHY_NOT: dict[str, str] = {
-    "smolvlm": (
-        "SmolVLMProcessor (which vLLM uses for this model) raises ImportError without the "
-        "`num2words` package, which the project's environment does not install; the real model "
-        "fails the same way here. The builder (_smolvlm) is ready once it is a dependency."
-    ),
     **{
         key: f"vLLM 0.32.0's model registry has no {architecture}: no engine to run a twin on"
         for key, architecture in {

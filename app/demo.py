@@ -1,0 +1,72 @@
+"""The demo models: random-weight twins of real catalog cards (`app.twins`), so the app runs on a
+machine with no GPU and no weights. Each is the real card (prompt format, media limits, engine
+arguments) served from its twin's folder with vLLM's random weights; the answers are nonsense,
+everything around them is the real model's path. Two prompt formats, so the compare view shows
+two different models.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+from pathlib import Path
+
+from app.cards import ModelCard
+
+# Demo card key -> the catalog card it is a twin of.
+DEMO_TWINS = {"demo_qwen2_vl": "qwen2_vl", "demo_llava": "llava"}
+
+
+def default_demo_dir() -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "vlm-playground" / "demo-models"
+
+
+def twin_card(card: ModelCard, folder: Path, key: str | None = None) -> ModelCard:
+    """`card` served from its twin in `folder` with random weights, runnable on the CPU and
+    labelled so: only the key, the names and where the model comes from change."""
+    folder_text = str(folder)
+    args = dict(card.reference_engine_args)
+    args.update({name: folder_text for name, value in args.items() if value == card.hf_repo})
+    fields = card.model_dump()
+    fields.update(
+        key=key or f"demo_{card.key}",
+        display_name=f"{card.display_name}: random-weight twin",
+        family="Demo",
+        hf_repo=folder_text,
+        reference=f"twin of {card.key} ({card.hf_repo}) built by app.twins; {card.reference}",
+        reference_engine_args={**args, "load_format": "dummy"},
+        runs_on_cpu=True,
+        hardware="Runs anywhere, CPU included: a twin of a few MB.",
+        notes=(
+            f"A twin of {card.hf_repo} with random weights: the answers are nonsense. The prompt "
+            "format, media handling and engine are the real model's; it exists to try the app "
+            "without a GPU."
+        ),
+    )
+    return ModelCard.model_validate(fields)
+
+
+def demo_cards(cards: dict[str, ModelCard], root: Path) -> dict[str, ModelCard]:
+    """The demo models' cards, their twins built into `root` once (about a second each)."""
+    from app.twins import build_twin  # transformers is imported only here
+
+    return {key: twin_card(cards[of], build_twin(cards[of], root), key) for key, of in DEMO_TWINS.items()}
+
+
+def use_local_vllm_environment(scratch: Path, environ: MutableMapping[str, str] = os.environ) -> None:
+    """What the CPU app, the tests and benchmarks run vLLM under; call before importing it.
+    Offline, no usage stats, one engine process per engine instead of two (half the start-up
+    time and memory), and vLLM's sockets and caches in `scratch` instead of `/tmp` and home.
+    `VLLM_CPU_KVCACHE_SPACE` is removed because it overrides each engine's own KV cache size.
+    """
+    environ.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        VLLM_RPC_BASE_PATH=str(scratch),
+        VLLM_CACHE_ROOT=str(scratch / "cache"),
+        TORCHINDUCTOR_CACHE_DIR=str(scratch / "inductor"),
+    )
+    environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
