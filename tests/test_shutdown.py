@@ -76,7 +76,7 @@ def test_a_signal_mid_answer_stops_the_engines_and_leaves_nothing_behind(tmp_pat
     try:
         client = Client(url, verbose=False)
         message = {"text": "Count from one to a thousand, one number a line.", "files": []}
-        job = client.submit(message, "demo_tiny_a", "", 0.0, 1.0, 2000, 0, api_name="/chat")
+        job = client.submit(message, "demo_qwen2_vl", "", 0.0, 1.0, 2000, 0, api_name="/chat")
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline and not (job.outputs() and children) and not job.done():
             time.sleep(0.2)
