@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -155,12 +156,31 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if not args.list:
+        if busy := port_in_use(settings.host, settings.port):
+            print(f"error: {busy}", file=sys.stderr)
+            return 2
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return serve(with_demo_models(cards, settings), settings)
     if args.markdown:
         print(catalog_markdown(cards), end="")
         return 0
     return print_catalog(cards, settings, available_only=args.available)
+
+
+def port_in_use(host: str, port: int) -> str | None:
+    """Why the page cannot be served on `host:port`, checked before anything is built (Gradio
+    would print a traceback naming its own variable), or None when the port is free."""
+    if port == 0:
+        return None
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            return (
+                f"port {port} on {host} cannot be used ({error.strerror or error}): stop what uses "
+                "it, or pick another with --port or APP_PORT"
+            )
+    return None
 
 
 def print_catalog(cards: dict[str, ModelCard], settings: Settings, available_only: bool = False) -> int:

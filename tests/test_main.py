@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -210,3 +211,24 @@ def test_the_list_has_a_header_and_the_demo_models_a_machine_without_a_gpu_serve
     assert header.split()[0] == "key"
     assert {row.split()[0] for row in rows if row.strip() and not row.startswith(" ")} >= set(DEMO_TWINS)
     assert not any(row.startswith("llava ") for row in rows)
+
+
+def test_a_busy_port_is_one_line_before_anything_is_built(tmp_path: Path):
+    """Gradio's own refusal was the address line, then a 20-line traceback naming its variable."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        env = {**os.environ, "APP_GPU_COUNT": "0", "APP_DEMO_DIR": str(tmp_path / "demo")}
+        done = subprocess.run(
+            [sys.executable, "-m", "app", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 2
+    assert done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
+    assert f"port {port} on 127.0.0.1 cannot be used" in done.stderr and "--port" in done.stderr
+    assert not (tmp_path / "demo").exists()  # refused before the demo models were built
