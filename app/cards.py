@@ -207,15 +207,20 @@ class ModelCard(StrictModel):
         if remote or self.remote_url:
             return Availability(not reasons, tuple(reasons))
         if self.gpus_needed > gpu_count and not (self.runs_on_cpu and gpu_count == 0):
-            reasons.append(
-                f"needs {self.gpus_needed} GPUs (tensor_parallel_size); this machine has {gpu_count}"
-            )
+            reasons.append(gpu_shortage(self.gpus_needed, gpu_count))
         if self.needs_remote_code and not allow_remote_code:
             reasons.append(
                 "runs code from its model repository (trust_remote_code); "
                 "the operator has not allowed that (APP_ALLOW_REMOTE_CODE=1)"
             )
         return Availability(not reasons, tuple(reasons))
+
+
+def gpu_shortage(needed: int, present: int) -> str:
+    """Why a model does not fit this machine's GPUs, in words (no "1 GPUs", no "has 0")."""
+    need = "an NVIDIA GPU" if needed == 1 else f"{needed} NVIDIA GPUs (tensor_parallel_size {needed})"
+    have = "none" if present == 0 else f"only {present}"
+    return f"needs {need}; this machine has {have}"
 
 
 def load_card(path: Path) -> ModelCard:

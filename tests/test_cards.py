@@ -88,7 +88,12 @@ def test_invalid_yaml_and_empty_folders_are_reported(tmp_path: Path):
 
 def test_availability_names_every_reason():
     llama4 = CARDS["llama4"].availability(gpu_count=1, allow_remote_code=True)
-    assert not llama4.available and "needs 8 GPUs" in llama4.reason
+    assert not llama4.available
+    assert llama4.reason == "needs 8 NVIDIA GPUs (tensor_parallel_size 8); this machine has only 1"
+    # One GPU on a machine with none, in words ("needs 1 GPUs ... has 0" before).
+    assert CARDS["llava"].availability(0, allow_remote_code=False).reason == (
+        "needs an NVIDIA GPU; this machine has none"
+    )
     assert CARDS["llama4"].availability(gpu_count=8, allow_remote_code=False).available
 
     internvl = CARDS["internvl_chat"]

@@ -40,7 +40,7 @@ def test_command_line_lists_the_catalog_with_availability():
     result = run_app("--list")
     assert result.returncode == 0, result.stderr
     assert "62 model cards" in result.stdout
-    assert "qwen2_5_vl" in result.stdout and "needs 8 GPUs" in result.stdout
+    assert "qwen2_5_vl" in result.stdout and "needs 8 NVIDIA GPUs" in result.stdout
     available = run_app("--list", "--available")
     assert "llama4" not in available.stdout and "qwen2_5_vl" in available.stdout
 
@@ -204,7 +204,8 @@ def test_the_list_has_a_header_and_the_demo_models_a_machine_without_a_gpu_serve
     assert header.split() == ["key", "model", "repository", "media", "available"]
     served = {row.split()[0] for row in rows if row.rstrip().endswith(" yes")}
     assert served == set(DEMO_TWINS)
-    assert any(row.startswith("llava ") and "no: needs 1 GPU" in row for row in rows)
+    why_not = "no: needs an NVIDIA GPU; this machine has none"
+    assert any(row.startswith("llava ") and why_not in row for row in rows)
     available = run_app("--list", "--available", **demo)
     assert available.returncode == 0, available.stderr
     header, *rows = available.stdout.splitlines()
