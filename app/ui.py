@@ -153,7 +153,7 @@ class Playground:
             gr.Textbox(interactive=takes, placeholder=hint),
             gr.Slider(value=defaults.temperature),
             gr.Slider(value=defaults.top_p),
-            gr.Slider(value=defaults.max_tokens, maximum=max(MAX_TOKENS_SLIDER, defaults.max_tokens or 0)),
+            gr.Slider(value=defaults.max_tokens, maximum=page_max_tokens(choice and choice.card)),
         )
 
     def status_line(self, key: str | None) -> str:
@@ -196,6 +196,7 @@ class Playground:
         text, files = message.get("text") or "", list(message.get("files") or [])
         try:
             card = self.servable(key)
+            within_page_bounds(card, self.sampling(*sampling))
             check_media(card, session.turns, files)
             turn, clip = await make_turn(session, text, files, self.decoder, card.video_frames)
             clips = {turn.video: clip} if clip else None
@@ -479,6 +480,23 @@ def message_box(elem_id: str, placeholder: str) -> gr.MultimodalTextbox:
     )
 
 
+def page_max_tokens(card: ModelCard | None) -> int:
+    """The longest answer the page offers for `card`: the slider's end, or the card's default
+    where that is longer (DeepSeek-OCR's 8192)."""
+    default = card_sampling(card).max_tokens if card is not None else None
+    return max(MAX_TOKENS_SLIDER, default or 0)
+
+
+def within_page_bounds(card: ModelCard, sampling: SamplingSettings) -> None:
+    """The API takes what the page's controls take: no answer longer than the slider allows."""
+    sampling.check()
+    if sampling.max_tokens is not None and sampling.max_tokens > page_max_tokens(card):
+        raise ConversationError(
+            f"Max tokens is {sampling.max_tokens:,}; this page allows at most "
+            f"{page_max_tokens(card):,} for {card.display_name}: ask for fewer."
+        )
+
+
 def sampling_controls(prefix: str, card: ModelCard | None = None) -> list[Any]:
     """Temperature, top-p, max tokens and seed, starting at `card`'s defaults (else the app's)."""
     defaults = card_sampling(card) if card is not None else SamplingSettings().for_card(None)
@@ -495,7 +513,7 @@ def sampling_controls(prefix: str, card: ModelCard | None = None) -> list[Any]:
             gr.Slider(0.05, 1.0, value=defaults.top_p, step=0.05, label="Top-p"),
             gr.Slider(
                 16,
-                max(MAX_TOKENS_SLIDER, defaults.max_tokens or 0),
+                page_max_tokens(card),
                 value=defaults.max_tokens,
                 step=16,
                 label="Max tokens",

@@ -452,6 +452,11 @@ def test_the_chat_api_streams_through_gradio_client(served: tuple[Playground, st
         client.predict({"text": "hi", "files": []}, "qwen2_5_vl", "", 0.7, 1.0, 16, None, api_name="/chat")
     with pytest.raises(AppError, match="Pick a model"):
         client.predict({"text": "hi", "files": []}, "/etc/passwd", "", 0.7, 1.0, 16, None, api_name="/chat")
+    # The API takes what the page's controls take (it accepted up to 2**63 tokens before).
+    with pytest.raises(AppError, match="Max tokens is 100,000; this page allows at most 4,096"):
+        client.predict({"text": "hi", "files": []}, TINY_A, "", 0.7, 1.0, 100_000, None, api_name="/chat")
+    with pytest.raises(AppError, match="Temperature is -1"):
+        client.predict({"text": "hi", "files": []}, TINY_A, "", -1, 1.0, 16, None, api_name="/chat")
 
 
 def test_public_page_defaults(served: tuple[Playground, str, RecordingFactory], tmp_path: Path):
