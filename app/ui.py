@@ -384,10 +384,11 @@ class Playground:
         with gr.Row():
             with gr.Column(scale=3):
                 chatbot = gr.Chatbot(elem_id="chat", height=520, label="Conversation", buttons=["copy"])
+                # Above the input box: a grown box pushed a refusal below the window's edge.
+                notice = gr.Markdown(elem_id="notice")
                 box = message_box(
                     "chat-input", "Ask about images or a video: drop several images or one clip"
                 )
-                notice = gr.Markdown(elem_id="notice")
                 with gr.Row():
                     stop = gr.Button("Stop", elem_id="stop", variant="stop", size="sm")
                     regenerate = gr.Button("Regenerate", elem_id="regenerate", size="sm")
@@ -466,7 +467,7 @@ class Playground:
 
 
 def refusal(error: Exception) -> str:
-    """The line shown under the input box when a message is refused or an answer fails."""
+    """The line shown above the input box when a message is refused or an answer fails."""
     return WARNING + user_message(error)
 
 
@@ -551,7 +552,9 @@ def chat_view(session: Session) -> list[dict[str, Any]]:
         if turn.frames:
             gallery = gr.Gallery(
                 [(str(path), f"{seconds:.1f} s") for path, seconds in turn.frames],
-                columns=8,
+                # Four a row: the chat's bubble is about 580 px wide, and eight a row (100 px
+                # each) hid six of sixteen frames past its edge.
+                columns=4,
                 height="auto",
                 label=f"The {len(turn.frames)} frames the model sees",
                 elem_classes=["frames"],

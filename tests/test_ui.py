@@ -192,7 +192,7 @@ def wait_until_answering(page: Page, answers: int, timeout_s: float) -> None:
 
 
 def warning(page: Page, notice: str = "notice") -> str:
-    """The refusal shown under the input box (empty while there is none)."""
+    """The refusal shown above the input box (empty while there is none)."""
     text = page.inner_text(f"#{notice}")
     return text if "⚠️" in text else ""
 
@@ -252,6 +252,13 @@ def test_a_video_turn_shows_the_sampled_frames_with_their_times(page: Page):
     poll(lambda: captions.count() == 16)
     times = [float(text.removesuffix(" s")) for text in captions.all_inner_texts()]
     assert times[0] == 0.0 and times == sorted(times) and times[-1] > 3.0
+    # Every frame is inside the chat's width, none cut off past its edge (6 of 16 were).
+    chat = page.locator("#chat").bounding_box()
+    strip = page.locator("#chat [data-testid=user]").filter(has=page.locator(".caption-label")).last
+    frames = [image.bounding_box() for image in strip.locator("img").all()]
+    assert len(frames) == 16 and chat is not None
+    left, right = chat["x"], chat["x"] + chat["width"]
+    assert all(f and left <= f["x"] and f["x"] + f["width"] <= right for f in frames), (chat, frames)
     wait_for_answer(page)
     assert page.locator("#chat video").count() == 1
     shoot(page, "chat-video.png")
@@ -370,6 +377,9 @@ def test_a_broken_file_or_an_oversized_prompt_keeps_the_history_and_others_strea
     page.click("#chat-input button[aria-label='Remove file']")
     send(page, "word " * 20000)
     poll(lambda: "tokens" in warning(page))
+    # The refusal is in sight, above the grown input box (it was below the window's edge).
+    seen, window = page.locator("#notice").bounding_box(), page.viewport_size
+    assert seen and window and seen["y"] >= 0 and seen["y"] + seen["height"] <= window["height"], seen
     assert (user_messages(page), bot_messages(page)) == history
     wait_for_answer(other)
     assert len(bot_messages(other)) == 1 and not bot_messages(other)[0].startswith(WAITING)
