@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -21,6 +22,8 @@ from app.conversation import user_message
 from app.engine import EngineManager, ModelState, ModelStatus, SamplingSettings, StreamEnd
 
 MIN_MODELS, MAX_MODELS = 2, 4
+# Column states that say the answer is over.
+ENDED = {"done", "stopped", "failed"}
 
 
 @dataclass
@@ -105,6 +108,10 @@ async def run(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # Stopped before they ended: a column left "loading" or "waiting" would say it still is.
+        for column in comparison.columns:
+            if column.state not in ENDED:
+                column.state = "stopped"
 
 
 async def _stream(
@@ -150,14 +157,21 @@ def to_json(comparison: Comparison) -> str:
 
 def to_markdown(comparison: Comparison) -> str:
     s = comparison.sampling
+    seed = "random" if s.seed is None else s.seed
     lines = [
         f"# Comparison of {len(comparison.columns)} models",
         "",
         f"- Started: {comparison.started}",
-        f"- Input: {comparison.text!r}",
         f"- Files: {', '.join(comparison.files) or 'none'}",
-        f"- System prompt: {comparison.system!r}",
-        f"- Sampling: temperature {s.temperature}, top-p {s.top_p}, max tokens {s.max_tokens}, seed {s.seed}",
+        f"- Sampling: temperature {s.temperature}, top-p {s.top_p}, max tokens {s.max_tokens}, seed {seed}",
+        "",
+        "System prompt:",
+        "",
+        *(_fenced(comparison.system) if comparison.system else ["(none)"]),
+        "",
+        "Input:",
+        "",
+        *_fenced(comparison.text),
     ]
     for column in comparison.columns:
         lines += [
@@ -173,15 +187,28 @@ def to_markdown(comparison: Comparison) -> str:
             "",
             "Prompt:",
             "",
-            "```text",
-            column.prompt,
-            "```",
+            *_fenced(column.prompt),
             "",
             "Answer:",
             "",
-            column.answer or "(none)",
+            *(_fenced(column.answer) if column.answer else ["(none)"]),
         ]
     return "\n".join(lines) + "\n"
+
+
+def _fenced(text: str) -> list[str]:
+    """`text` verbatim in a code block whose fence no backtick run inside it can close."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [f"{fence}text", text, fence]
+
+
+def export_name(comparison: Comparison) -> str:
+    """A file name per comparison (not one `comparison.json` for all): when it started, and
+    the models' keys."""
+    when = re.sub(r"[^0-9T]", "", comparison.started.split("+")[0])
+    keys = "-".join(re.sub(r"[^A-Za-z0-9_.]", "", column.key) for column in comparison.columns)
+    return f"comparison-{when}-{keys}"[:120]
 
 
 def _seconds(value: float | None) -> str:

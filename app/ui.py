@@ -311,6 +311,8 @@ class Playground:
                 raise ConversationError(
                     f"Pick {compare.MIN_MODELS} to {compare.MAX_MODELS} models to compare."
                 )
+            for card in cards:
+                within_page_bounds(card, self.sampling(*sampling))
             session.close()
             turn, clip = await make_turn(session, text, files, self.decoder, cards[0].video_frames)
         except Exception as error:
@@ -342,8 +344,8 @@ class Playground:
     def exports(
         self, session: Session, comparison: Comparison
     ) -> tuple[gr.DownloadButton, gr.DownloadButton]:
-        json_path = session.folder / "comparison.json"
-        markdown_path = session.folder / "comparison.md"
+        name = compare.export_name(comparison)
+        json_path, markdown_path = session.folder / f"{name}.json", session.folder / f"{name}.md"
         json_path.write_text(compare.to_json(comparison), encoding="utf-8")
         markdown_path.write_text(compare.to_markdown(comparison), encoding="utf-8")
         return gr.DownloadButton(value=str(json_path), interactive=True), gr.DownloadButton(

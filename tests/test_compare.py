@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from app.compare import Column, Comparison, to_json, to_markdown
+from app.compare import Column, Comparison, export_name, to_json, to_markdown
 from app.engine import SamplingSettings
 
 
@@ -35,3 +35,54 @@ def test_exports_hold_prompts_repositories_settings_answers_and_timings():
     assert "Time to first token: n/a" in markdown.split("## Model B")[1]
     assert "0.05 s" in markdown and "70.0" in markdown and "The circle." in markdown
     assert "failed: Model B could not be loaded: no GPU" in markdown
+
+
+def test_the_markdown_export_reads_as_text_not_python_and_fences_what_it_quotes():
+    """It wrote "seed None", "System prompt: ''" and answers outside any code block."""
+    comparison = Comparison(
+        "Is it ```code```?", [], "", SamplingSettings(temperature=0.7, top_p=1.0, max_tokens=8)
+    )
+    comparison.started = "2026-11-22T05:46:03+00:00"
+    comparison.columns = [Column("qwen2_vl", "Qwen2-VL", "Qwen/Qwen2-VL-7B-Instruct", None, state="done")]
+    comparison.columns[0].answer = "# Not a heading\n```\nstill the answer"
+    markdown = to_markdown(comparison)
+    assert "seed random" in markdown and "None" not in markdown and "''" not in markdown
+    assert "System prompt:\n\n(none)" in markdown
+    # The answer and the input sit in fences longer than any backtick run they hold.
+    assert "````text\n# Not a heading\n```\nstill the answer\n````" in markdown
+    assert "````text\nIs it ```code```?\n````" in markdown
+    assert export_name(comparison) == "comparison-20261122T054603-qwen2_vl"
+
+
+def test_stopping_a_comparison_marks_the_columns_that_had_not_ended_as_stopped():
+    """Stop left them at "loading… (1 s of about 13 s)" forever, and the export said so."""
+    import asyncio
+
+    from app.cards import load_cards
+    from app.compare import run
+    from app.engine import ModelState, ModelStatus
+
+    class NeverReady:
+        """The manager's `stream` for models that stay loading until the stream is closed."""
+
+        async def stream(self, key, messages, sampling):
+            yield ModelStatus(key, ModelState.LOADING, "starting", elapsed_s=1, estimate_s=13)
+            await asyncio.Event().wait()
+
+    async def messages_for(card):
+        return []
+
+    async def stop_while_loading() -> Comparison:
+        comparison = Comparison("hi", [], "", SamplingSettings())
+        cards = load_cards()
+        two = [cards["qwen2_vl"], cards["llava"]]
+        updates = run(NeverReady(), comparison, two, messages_for, refresh_s=0.01)
+        async for update in updates:
+            if all(column.state.startswith("loading") for column in update.columns):
+                break
+        await updates.aclose()
+        return comparison
+
+    comparison = asyncio.run(stop_while_loading())
+    assert [column.state for column in comparison.columns] == ["stopped", "stopped"]
+    assert json.loads(to_json(comparison))["columns"][0]["state"] == "stopped"

@@ -203,6 +203,9 @@ def set_max_tokens(page: Page, prefix: str, tokens: int) -> None:
         page.click(f"#{prefix}-sampling button")
     field.fill(str(tokens))
     field.press("Enter")
+    # Sent only once the slider itself holds the value (the number box alone raced a send).
+    slider = page.locator(f"#{prefix}-max-tokens input[type=range]")
+    poll(lambda: slider.input_value() == str(tokens), 10)
 
 
 def pick(page: Page, dropdown: str, label_part: str) -> None:
