@@ -203,9 +203,6 @@ def set_max_tokens(page: Page, prefix: str, tokens: int) -> None:
         page.click(f"#{prefix}-sampling button")
     field.fill(str(tokens))
     field.press("Enter")
-    # Sent only once the slider itself holds the value (the number box alone raced a send).
-    slider = page.locator(f"#{prefix}-max-tokens input[type=range]")
-    poll(lambda: slider.input_value() == str(tokens), 10)
 
 
 def pick(page: Page, dropdown: str, label_part: str) -> None:
@@ -424,6 +421,9 @@ def test_two_models_compared_side_by_side_and_exported(
     pick(page, "compare-models", LABEL_A)
     pick(page, "compare-models", LABEL_B)
     set_max_tokens(page, "compare", 32)
+    # Sent only once the slider itself holds the value (the number box alone once raced the send).
+    slider = page.locator("#compare-max-tokens input[type=range]")
+    poll(lambda: slider.input_value() == "32", 10)
     send(page, "Which shape is on the left?", [EXAMPLES / "shapes.png"], box="compare-input")
     heads = [page.locator(f"#compare-head-{i}") for i in (0, 1)]
     waiting = poll(lambda: any("waiting for" in head.inner_text() for head in heads), 60)
