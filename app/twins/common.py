@@ -183,26 +183,23 @@ def save(folder: Path, config: Any, processor: Any, tokenizer: Any) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def clip_vision(image_size: int) -> dict[str, Any]:
+def _tiny_vit(model_type: str, image_size: int, **extra: Any) -> dict[str, Any]:
+    """A two-layer ViT of width 64 with 14 px patches: the twins' CLIP and SigLIP towers."""
     return {
-        "model_type": "clip_vision_model",
+        "model_type": model_type,
         "hidden_size": 64,
         "intermediate_size": 128,
         "num_hidden_layers": 2,
         "num_attention_heads": 2,
         "image_size": image_size,
         "patch_size": 14,
-        "projection_dim": 64,
+        **extra,
     }
+
+
+def clip_vision(image_size: int) -> dict[str, Any]:
+    return _tiny_vit("clip_vision_model", image_size, projection_dim=64)
 
 
 def siglip_vision(image_size: int) -> dict[str, Any]:
-    return {
-        "model_type": "siglip_vision_model",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "image_size": image_size,
-        "patch_size": 14,
-    }
+    return _tiny_vit("siglip_vision_model", image_size)

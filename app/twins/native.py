@@ -123,23 +123,31 @@ def _llava_onevision(card: ModelCard, folder: Path) -> None:
     save(folder, config, processor, tokenizer)
 
 
-def _qwen2_vl(card: ModelCard, folder: Path) -> None:
-    """Qwen2-VL: the dynamic-resolution ViT (depth 2) and a Qwen2 text model with M-RoPE."""
-    from transformers import Qwen2VLConfig, Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
+def _qwen_vl(
+    card: ModelCard,
+    folder: Path,
+    config_class: Any,
+    processor_class: Any,
+    text_model_type: str,
+    vision_config: dict[str, Any],
+) -> None:
+    """Qwen2-VL and Qwen2.5-VL: Qwen2 with M-RoPE, Qwen2-VL's image and video processors and
+    chat template; only the vision tower and the classes differ."""
+    from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
 
     tokenizer = train_tokenizer(
         QWEN_SPECIAL_TOKENS, eos="<|im_end|>", pad="<|endoftext|>", chat_template=QWEN2_VL_CHAT_TEMPLATE
     )
-    processor = Qwen2VLProcessor(
+    processor = processor_class(
         image_processor=Qwen2VLImageProcessor(),
         video_processor=Qwen2VLVideoProcessor(),
         tokenizer=tokenizer,
         chat_template=QWEN2_VL_CHAT_TEMPLATE,
     )
-    config = Qwen2VLConfig(
+    config = config_class(
         text_config=text_config(
             tokenizer,
-            model_type="qwen2_vl_text",
+            model_type=text_model_type,
             bos_token_id=tokenizer.pad_token_id,
             rope_parameters={
                 "rope_type": "default",
@@ -147,49 +155,27 @@ def _qwen2_vl(card: ModelCard, folder: Path) -> None:
                 "mrope_section": mrope_section(HEAD_DIM),
             },
         ),
-        vision_config={"depth": 2, "embed_dim": 64, "hidden_size": HIDDEN, "num_heads": 4, "mlp_ratio": 2},
+        vision_config=vision_config,
         **_qwen_token_ids(tokenizer),
         tie_word_embeddings=False,
         architectures=[card.architecture],
     )
     save(folder, config, processor, tokenizer)
+
+
+def _qwen2_vl(card: ModelCard, folder: Path) -> None:
+    """Qwen2-VL: the dynamic-resolution ViT (depth 2) and a Qwen2 text model with M-RoPE."""
+    from transformers import Qwen2VLConfig, Qwen2VLProcessor
+
+    vision = {"depth": 2, "embed_dim": 64, "hidden_size": HIDDEN, "num_heads": 4, "mlp_ratio": 2}
+    _qwen_vl(card, folder, Qwen2VLConfig, Qwen2VLProcessor, "qwen2_vl_text", vision)
 
 
 def _qwen2_5_vl(card: ModelCard, folder: Path) -> None:
     """Qwen2.5-VL: the windowed ViT (depth 2, one full-attention block) and Qwen2 with M-RoPE."""
-    from transformers import (
-        Qwen2_5_VLConfig,
-        Qwen2_5_VLProcessor,
-        Qwen2VLImageProcessor,
-        Qwen2VLVideoProcessor,
-    )
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLProcessor
 
-    tokenizer = train_tokenizer(
-        QWEN_SPECIAL_TOKENS, eos="<|im_end|>", pad="<|endoftext|>", chat_template=QWEN2_VL_CHAT_TEMPLATE
-    )
-    processor = Qwen2_5_VLProcessor(
-        image_processor=Qwen2VLImageProcessor(),
-        video_processor=Qwen2VLVideoProcessor(),
-        tokenizer=tokenizer,
-        chat_template=QWEN2_VL_CHAT_TEMPLATE,
-    )
-    config = Qwen2_5_VLConfig(
-        text_config=text_config(
-            tokenizer,
-            model_type="qwen2_5_vl_text",
-            bos_token_id=tokenizer.pad_token_id,
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "mrope_section": mrope_section(HEAD_DIM),
-            },
-        ),
-        vision_config=QWEN2_5_VL_VISION,
-        **_qwen_token_ids(tokenizer),
-        tie_word_embeddings=False,
-        architectures=[card.architecture],
-    )
-    save(folder, config, processor, tokenizer)
+    _qwen_vl(card, folder, Qwen2_5_VLConfig, Qwen2_5_VLProcessor, "qwen2_5_vl_text", QWEN2_5_VL_VISION)
 
 
 def _qwen_token_ids(tokenizer: Any) -> dict[str, int]:

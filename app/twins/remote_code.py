@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from app.cards import ModelCard
-from app.twins.common import HIDDEN, Builder, text_config, train_tokenizer
+from app.twins.common import HIDDEN, QWEN_SPECIAL_TOKENS, Builder, text_config, train_tokenizer
 
 # The repository's configuration module name, as the real config.json's auto_map names it.
 DOTS_CONFIG_MODULE = "configuration_dots"
@@ -46,13 +46,7 @@ def _dots_ocr(card: ModelCard, folder: Path) -> None:
     # vLLM expands per image patch).
     tokenizer = train_tokenizer(
         [
-            "<|endoftext|>",
-            "<|im_start|>",
-            "<|im_end|>",
-            "<|vision_start|>",
-            "<|vision_end|>",
-            "<|image_pad|>",
-            "<|video_pad|>",
+            *QWEN_SPECIAL_TOKENS,
             "<|imgpad|>",
             "<|img|>",
             "<|endofimg|>",
