@@ -201,8 +201,21 @@ def set_max_tokens(page: Page, prefix: str, tokens: int) -> None:
     field = page.locator(f"#{prefix}-max-tokens input[type=number]")
     if not field.is_visible():
         page.click(f"#{prefix}-sampling button")
-    field.fill(str(tokens))
-    field.press("Enter")
+    slider = page.locator(f"#{prefix}-max-tokens input[type=range]")
+    bounds = range(int(slider.get_attribute("min") or 0), int(slider.get_attribute("max") or 0) + 1)
+    # A value in the slider's range is sent only once the slider itself holds it: on a busy
+    # machine the number box's Enter was once lost while the accordion opened, so type again.
+    for _ in range(5):
+        field.fill(str(tokens))
+        field.press("Enter")
+        if tokens not in bounds:
+            return
+        try:
+            poll(lambda: slider.input_value() == str(tokens), 3)
+            return
+        except AssertionError:
+            continue
+    raise AssertionError(f"the {prefix} max-tokens slider never took {tokens}")
 
 
 def pick(page: Page, dropdown: str, label_part: str) -> None:
@@ -421,9 +434,6 @@ def test_two_models_compared_side_by_side_and_exported(
     pick(page, "compare-models", LABEL_A)
     pick(page, "compare-models", LABEL_B)
     set_max_tokens(page, "compare", 32)
-    # Sent only once the slider itself holds the value (the number box alone once raced the send).
-    slider = page.locator("#compare-max-tokens input[type=range]")
-    poll(lambda: slider.input_value() == "32", 10)
     send(page, "Which shape is on the left?", [EXAMPLES / "shapes.png"], box="compare-input")
     heads = [page.locator(f"#compare-head-{i}") for i in (0, 1)]
     waiting = poll(lambda: any("waiting for" in head.inner_text() for head in heads), 60)
