@@ -42,7 +42,9 @@ def catalog_rows(cards: dict[str, ModelCard], settings: Settings) -> list[tuple[
         )
         media = ", ".join(card.modalities) + (" (several images)" if card.multi_image else "")
         status = "yes" if availability.available else f"no: {availability.reason}"
-        rows.append((card.key, card.display_name, card.hf_repo, media, status))
+        # A twin's folder is a path on this server: named by the repository it copies.
+        repository = card.source if card.twin_of else card.hf_repo
+        rows.append((card.key, card.display_name, repository, media, status))
     return rows
 
 
@@ -98,7 +100,7 @@ def serve(cards: dict[str, ModelCard], settings: Settings) -> int:
     """Builds the manager and the page, and serves until interrupted."""
     from app.engine import EngineManager
     from app.media import VideoDecoderPool
-    from app.ui import Playground, launch
+    from app.views import Playground, build, launch
     from app.vllm_engine import VllmEngineFactory
 
     if settings.gpu_count == 0:
@@ -116,7 +118,7 @@ def serve(cards: dict[str, ModelCard], settings: Settings) -> int:
     demo = None
     engines_stopped = False
     try:
-        demo = launch(playground.build(), settings, block=False, quiet=False)
+        demo = launch(build(playground), settings, block=False, quiet=False)
         shutdown.wait()
     finally:
         # In this order: the engines need the server's loop, which closing the server ends.

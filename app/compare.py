@@ -19,41 +19,12 @@ from typing import Any
 
 from app.cards import ModelCard
 from app.conversation import user_message
-from app.engine import EngineManager, ModelState, ModelStatus, SamplingSettings, StreamEnd
+from app.engine import EngineManager, SamplingSettings
+from app.replies import Reply, stream_reply
 
 MIN_MODELS, MAX_MODELS = 2, 4
-# Column states that say the answer is over.
-ENDED = {"done", "stopped", "failed"}
-
-
-@dataclass
-class Column:
-    """One model's answer and how it went."""
-
-    key: str
-    display_name: str
-    hf_repo: str
-    revision: str | None
-    state: str = "waiting"
-    answer: str = ""
-    error: str = ""
-    finish_reason: str = ""
-    prompt: str = ""
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    load_s: float | None = None
-    ttft_s: float | None = None
-    tokens_per_s: float | None = None
-
-    def header(self) -> str:
-        facts = [self.state]
-        if self.ttft_s is not None:
-            facts.append(f"first token {self.ttft_s:.2f} s")
-        if self.tokens_per_s is not None:
-            facts.append(f"{self.tokens_per_s:.1f} tok/s")
-        if self.load_s is not None:
-            facts.append(f"loaded in {self.load_s:.0f} s")
-        return " · ".join(facts)
+# A column is one model's reply to the shared input.
+Column = Reply
 
 
 @dataclass
@@ -62,7 +33,7 @@ class Comparison:
     files: list[str]
     system: str
     sampling: SamplingSettings
-    columns: list[Column] = field(default_factory=list)
+    columns: list[Reply] = field(default_factory=list)
     started: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
 
@@ -77,7 +48,7 @@ async def run(
     """Streams every model's answer into `comparison.columns`, yielding it as it changes.
     `messages_for(card)` is awaited for each model's conversation (frames differ per model).
     Closing the generator stops every answer in its engine."""
-    comparison.columns = [Column(c.key, c.display_name, c.hf_repo, c.revision) for c in cards]
+    comparison.columns = [Reply.of(card) for card in cards]
     columns = {column.key: column for column in comparison.columns}
     changed = asyncio.Event()
 
@@ -85,9 +56,8 @@ async def run(
         column = columns[card.key]
         try:
             messages = await messages_for(card)
-            column.state = "starting"
-            changed.set()
-            await _stream(manager, card, messages, comparison.sampling, column, changed, clock)
+            async for _ in stream_reply(manager, card, messages, comparison.sampling, column, clock):
+                changed.set()
         except Exception as error:
             column.state, column.error = "failed", user_message(error)
         changed.set()
@@ -108,47 +78,10 @@ async def run(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        # Stopped before they ended: a column left "loading" or "waiting" would say it still is.
+        # Stopped before they started: a column left "waiting" would say it still is.
         for column in comparison.columns:
-            if column.state not in ENDED:
+            if not column.ended:
                 column.state = "stopped"
-
-
-async def _stream(
-    manager: EngineManager,
-    card: ModelCard,
-    messages: Any,
-    sampling: SamplingSettings,
-    column: Column,
-    changed: asyncio.Event,
-    clock: Callable[[], float],
-) -> None:
-    started = clock()
-    ready_at = started
-    first_token_at: float | None = None
-    async with contextlib.aclosing(manager.stream(card.key, messages, sampling)) as events:
-        async for event in events:
-            now = clock()
-            if isinstance(event, ModelStatus):
-                column.state = event.describe()
-                if event.state is ModelState.READY:
-                    ready_at = now
-                    column.load_s = now - started
-            elif isinstance(event, StreamEnd):
-                column.state = "done" if event.finish_reason != "abort" else "stopped"
-                column.finish_reason = event.finish_reason
-                column.prompt = event.prompt
-                column.prompt_tokens = event.prompt_tokens
-                column.completion_tokens = event.completion_tokens
-                if first_token_at is not None and event.completion_tokens > 1 and now > first_token_at:
-                    column.tokens_per_s = (event.completion_tokens - 1) / (now - first_token_at)
-            else:
-                if first_token_at is None:
-                    first_token_at = now
-                    column.ttft_s = now - ready_at
-                    column.state = "answering"
-                column.answer += event.text
-            changed.set()
 
 
 def to_json(comparison: Comparison) -> str:
@@ -167,18 +100,18 @@ def to_markdown(comparison: Comparison) -> str:
         "",
         "System prompt:",
         "",
-        *(_fenced(comparison.system) if comparison.system else ["(none)"]),
+        *(fenced(comparison.system) if comparison.system else ["(none)"]),
         "",
         "Input:",
         "",
-        *_fenced(comparison.text),
+        *fenced(comparison.text),
     ]
     for column in comparison.columns:
         lines += [
             "",
             f"## {column.display_name}",
             "",
-            f"- Repository: {column.hf_repo} (revision {column.revision or 'default branch'})",
+            f"- Model: {column.source}",
             f"- State: {column.state}" + (f": {column.error}" if column.error else ""),
             f"- Time to first token: {_seconds(column.ttft_s)}; tokens per second: "
             f"{_rate(column.tokens_per_s)}; load: {_seconds(column.load_s)}",
@@ -187,16 +120,16 @@ def to_markdown(comparison: Comparison) -> str:
             "",
             "Prompt:",
             "",
-            *_fenced(column.prompt),
+            *fenced(column.prompt),
             "",
             "Answer:",
             "",
-            *(_fenced(column.answer) if column.answer else ["(none)"]),
+            *(fenced(column.answer) if column.answer else ["(none)"]),
         ]
     return "\n".join(lines) + "\n"
 
 
-def _fenced(text: str) -> list[str]:
+def fenced(text: str) -> list[str]:
     """`text` verbatim in a code block whose fence no backtick run inside it can close."""
     longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
     fence = "`" * max(3, longest + 1)

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 from pydantic_settings import (
@@ -126,6 +127,12 @@ def _nonblank(text: str) -> str:
     if not text.strip():
         raise ValueError("empty")
     return text.strip()
+
+
+def _http_url(text: str | None) -> str | None:
+    if text is not None and not (urlsplit(text).scheme in ("http", "https") and urlsplit(text).hostname):
+        raise ValueError("not an http(s) URL")
+    return text
 
 
 @dataclass(frozen=True)
@@ -336,6 +343,19 @@ class Settings(BaseSettings):
         int, Field(ge=0, le=65535), Doc("port", "a port number, 0 to 65535", metavar="PORT", group="web")
     ] = 7860
     share: Annotated[bool, Doc("Gradio share link", FLAG, default="off", group="web")] = False
+    # Where users reach the page (behind a proxy, on a Space): its address is never taken from
+    # request headers, and requests for other host names are refused.
+    public_url: Annotated[
+        OptionalText,
+        AfterValidator(_http_url),
+        Doc(
+            "the page's public address, like https://vlm.example.org",
+            "an http(s) URL",
+            default="on a Hugging Face Space, https://$SPACE_HOST; else none",
+            metavar="URL",
+            group="web",
+        ),
+    ] = None
     # Card keys offered in the UI (empty: the whole catalog).
     models: Annotated[
         tuple[str, ...],
@@ -376,6 +396,23 @@ class Settings(BaseSettings):
     concurrency: Annotated[
         Count, Doc("answers generated at once per view", COUNT, metavar="N", group="web")
     ] = 16
+    # A closed tab's files are deleted after this; a reload within it finds its conversation.
+    reload_grace_s: Annotated[
+        Seconds,
+        Doc(
+            "seconds a closed tab's conversation waits for a reload before it is deleted",
+            SECONDS,
+            metavar="SECONDS",
+            group="web",
+        ),
+    ] = 300.0
+    # A tab unused this long is deleted even if its page never said it closed.
+    session_ttl_s: Annotated[
+        Seconds,
+        Doc(
+            "seconds an unused tab's conversation and files are kept", SECONDS, metavar="SECONDS", group="web"
+        ),
+    ] = 6 * 3600.0
     max_upload_bytes: Annotated[
         Bytes,
         Doc(

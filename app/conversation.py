@@ -24,6 +24,7 @@ from app.adapters import PromptError, get_adapter, to_turns
 from app.cards import ModelCard
 from app.engine import EngineError, first_line
 from app.media import MediaError, VideoClip, VideoDecoderPool, load_image
+from app.replies import Reply
 from app.tokens import counter_for, media_tokens
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ THUMBNAIL_SIDE = 160
 # per turn for role markers and template text, and for a default system prompt the template adds.
 TOKENS_PER_TURN = 16
 TEMPLATE_ALLOWANCE = 64
+SESSION_FOLDER_PREFIX = "vlm-playground-session-"
 
 
 class ConversationError(ValueError):
@@ -63,17 +65,19 @@ class Turn:
     video: Path | None = None
     # Thumbnails of the frames the model sees, with each frame's time in seconds.
     frames: list[tuple[Path, float]] = field(default_factory=list)
-    answer: str = ""
-    # What the user waits for before the first word (the model queued or loading).
-    status: str = ""
-    model: str = ""
-    # Why the answer ended early ("stopped", "length"), shown with it.
-    ending: str = ""
+    # Each file as the user sent it: its name (never a server path), kind and size.
+    media: list[str] = field(default_factory=list)
+    # The model's answer and how it went; None until one is asked for.
+    reply: Reply | None = None
 
     @property
     def files(self) -> list[Path]:
         """The turn's images, then its video: the order they were sent in."""
         return [*self.images, *([self.video] if self.video else [])]
+
+    @property
+    def answer(self) -> str:
+        return self.reply.answer if self.reply is not None else ""
 
 
 @dataclass
@@ -84,12 +88,15 @@ class Session:
     turns: list[Turn] = field(default_factory=list)
     # Set by the stop button; the streaming handler checks it at every event.
     stop_requested: bool = False
+    # Where the web server keeps uploads: the uploads this session sent are deleted there too.
+    upload_root: Path | None = None
     _folder: Path | None = None
+    uploads: list[Path] = field(default_factory=list)
 
     @property
     def folder(self) -> Path:
         if self._folder is None:
-            self._folder = Path(tempfile.mkdtemp(prefix="vlm-playground-session-"))
+            self._folder = Path(tempfile.mkdtemp(prefix=SESSION_FOLDER_PREFIX))
         return self._folder
 
     def keep(self, path: str | Path) -> Path:
@@ -99,14 +106,25 @@ class Session:
         target = self.folder / f"{len(list(self.folder.iterdir())):04d}{source.suffix.lower()}"
         try:
             os.link(source, target)
+        except FileNotFoundError:
+            raise ConversationError(
+                f"{source.name} is no longer on the server (unsent uploads are kept for a while); "
+                "attach it again."
+            ) from None
         except OSError:
             shutil.copyfile(source, target)
+        if self.upload_root is not None and source.resolve().is_relative_to(self.upload_root.resolve()):
+            self.uploads.append(source)
         return target
 
     def close(self) -> None:
+        """Deletes the conversation, its folder and the uploads it sent."""
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
+        for upload in self.uploads:
+            upload.unlink(missing_ok=True)
+        self.uploads.clear()
         self.turns.clear()
 
 
@@ -149,13 +167,21 @@ async def make_turn(
     clip = None
     for upload in files:
         kept = session.keep(upload)
+        size = f"{kept.stat().st_size / 1024:,.0f} KB"
         if is_video(kept):
             clip = await asyncio.to_thread(decoder.decode, kept, video_frames)
             turn.video = kept
             turn.frames = save_thumbnails(clip, session.folder / f"{kept.stem}-frames")
+            count, height, width = clip.frames.shape[:3]
+            span = f" from {clip.timestamps[0]:.1f} s to {clip.timestamps[-1]:.1f} s" if count else ""
+            turn.media.append(
+                f"{Path(upload).name}: video, {size}, {count} frames of {width}×{height} px{span}"
+            )
         else:
-            await asyncio.to_thread(load_image, kept)  # refuses a bad image now, not mid-answer
+            # Loaded now to refuse a bad image before the answer starts, not during it.
+            image = await asyncio.to_thread(load_image, kept)
             turn.images.append(kept)
+            turn.media.append(f"{Path(upload).name}: image, {size}, {image.width}×{image.height} px")
     return turn, clip
 
 

@@ -34,6 +34,7 @@ def twin_card(card: ModelCard, folder: Path, key: str | None = None) -> ModelCar
         display_name=f"{card.display_name}: random-weight twin",
         family="Demo",
         hf_repo=folder_text,
+        twin_of=card.hf_repo,
         reference=f"twin of {card.key} ({card.hf_repo}) built by app.twins; {card.reference}",
         reference_engine_args={**args, "load_format": "dummy"},
         runs_on_cpu=True,

@@ -14,8 +14,7 @@ def test_exports_hold_prompts_repositories_settings_answers_and_timings():
         Column(
             "a",
             "Model A",
-            "org/a",
-            "abc123",
+            "org/a @ abc123",
             state="done",
             answer="The circle.",
             prompt="<p>A</p>",
@@ -24,14 +23,14 @@ def test_exports_hold_prompts_repositories_settings_answers_and_timings():
             ttft_s=0.05,
             tokens_per_s=70.0,
         ),
-        Column("b", "Model B", "org/b", None, state="failed", error="Model B could not be loaded: no GPU"),
+        Column("b", "Model B", "org/b", state="failed", error="Model B could not be loaded: no GPU"),
     ]
     data = json.loads(to_json(comparison))
     assert data["sampling"]["seed"] == 3 and data["system"] == "Be brief."
-    assert [c["hf_repo"] for c in data["columns"]] == ["org/a", "org/b"]
-    assert data["columns"][0]["prompt"] == "<p>A</p>" and data["columns"][0]["revision"] == "abc123"
+    assert [c["source"] for c in data["columns"]] == ["org/a @ abc123", "org/b"]
+    assert data["columns"][0]["prompt"] == "<p>A</p>"
     markdown = to_markdown(comparison)
-    assert "## Model A" in markdown and "org/a (revision abc123)" in markdown
+    assert "## Model A" in markdown and "- Model: org/a @ abc123" in markdown
     assert "Time to first token: n/a" in markdown.split("## Model B")[1]
     assert "0.05 s" in markdown and "70.0" in markdown and "The circle." in markdown
     assert "failed: Model B could not be loaded: no GPU" in markdown
@@ -43,7 +42,7 @@ def test_the_markdown_export_reads_as_text_not_python_and_fences_what_it_quotes(
         "Is it ```code```?", [], "", SamplingSettings(temperature=0.7, top_p=1.0, max_tokens=8)
     )
     comparison.started = "2026-11-22T05:46:03+00:00"
-    comparison.columns = [Column("qwen2_vl", "Qwen2-VL", "Qwen/Qwen2-VL-7B-Instruct", None, state="done")]
+    comparison.columns = [Column("qwen2_vl", "Qwen2-VL", "Qwen/Qwen2-VL-7B-Instruct", state="done")]
     comparison.columns[0].answer = "# Not a heading\n```\nstill the answer"
     markdown = to_markdown(comparison)
     assert "seed random" in markdown and "None" not in markdown and "''" not in markdown

@@ -24,6 +24,7 @@ from app.conversation import (
 from app.demo import twin_card
 from app.engine import EngineError
 from app.media import MediaError, VideoDecoderPool
+from app.replies import Reply
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "static" / "examples"
 CARDS = load_cards()
@@ -130,7 +131,8 @@ def test_a_bad_file_or_an_empty_message_is_refused(tmp_path: Path, decoder: Vide
 
 def test_the_engine_gets_the_whole_conversation_in_order(decoder: VideoDecoderPool):
     session = Session()
-    first = Turn("what is this?", images=[session.keep(EXAMPLES / "shapes.png")], answer="shapes")
+    first = Turn("what is this?", images=[session.keep(EXAMPLES / "shapes.png")])
+    first.reply = Reply("tiny", "Tiny", "org/tiny", answer="shapes")
     second = Turn("and this?", images=[session.keep(EXAMPLES / "bar_chart.png")])
     messages = asyncio.run(engine_messages([first, second], "Be brief.", decoder, 16))
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]

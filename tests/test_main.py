@@ -124,7 +124,8 @@ def test_the_run_command_serves_the_page_with_labelled_demo_models(tmp_path: Pat
         text = json.dumps(config)
         assert "Qwen2-VL 7B Instruct: random-weight twin" in text
         assert "LLaVA 1.5 7B: random-weight twin" in text
-        assert "Qwen2.5-VL 3B Instruct (unavailable)" in text
+        # Models this machine cannot serve are listed with the reason, not offered in the picker.
+        assert "Qwen2.5-VL 3B Instruct**: needs an NVIDIA GPU" in text
     finally:
         app.terminate()
         app.wait(30)
@@ -206,6 +207,9 @@ def test_the_list_has_a_header_and_the_demo_models_a_machine_without_a_gpu_serve
     assert served == set(DEMO_TWINS)
     why_not = "no: needs an NVIDIA GPU; this machine has none"
     assert any(row.startswith("llava ") and why_not in row for row in rows)
+    # The demo models are named by the repositories they copy, not by folders on this server.
+    assert str(tmp_path) not in listing.stdout
+    assert any(row.startswith("demo_llava ") and "twin of llava-hf/" in row for row in rows)
     available = run_app("--list", "--available", **demo)
     assert available.returncode == 0, available.stderr
     header, *rows = available.stdout.splitlines()

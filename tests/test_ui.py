@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+from PIL import Image
 from playwright.sync_api import Browser, Page, sync_playwright
 from ports import free_port
 
@@ -29,7 +30,8 @@ from app.cards import ModelCard, load_cards
 from app.config import Settings
 from app.engine import EngineManager, SamplingSettings
 from app.media import VideoDecoderPool
-from app.ui import WAITING, Playground, launch
+from app.views import Playground, build, launch
+from app.views.chat import WAITING
 from app.vllm_engine import VllmEngineFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -52,7 +54,7 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
 ]
 UPLOAD_LIMIT = 5 * 10**6
-TINY_A, TINY_B = "demo_qwen2_vl", "demo_llava"
+TINY_A, TINY_B, GREEDY = "demo_qwen2_vl", "demo_llava", "greedy_twin"
 # Their labels in the model pickers: twins of Qwen2-VL and LLaVA-1.5, two prompt formats.
 LABEL_A, LABEL_B = "Qwen2-VL 7B Instruct: random-weight twin", "LLaVA 1.5 7B: random-weight twin"
 
@@ -93,17 +95,24 @@ def served(tiny_cards: dict[str, ModelCard]) -> Iterator[tuple[Playground, str, 
         concurrency=8,
         max_upload_bytes=UPLOAD_LIMIT,
         default_model=TINY_A,
+        # Long enough for a reload, short enough for a test to see a closed tab's files go.
+        reload_grace_s=20,
     )
+    greedy = {"temperature": 0.0, "max_tokens": 8192}
     cards = {
         TINY_A: tiny_cards["tiny-a"].model_copy(update={"key": TINY_A}),
         TINY_B: tiny_cards["tiny-b"].model_copy(update={"key": TINY_B}),
+        # A servable card with its own sampling defaults, like DeepSeek-OCR's (which needs a GPU).
+        GREEDY: tiny_cards["tiny-a"].model_copy(
+            update={"key": GREEDY, "display_name": "Greedy twin", "sampling_defaults": greedy}
+        ),
         **load_cards(),
     }
     factory = RecordingFactory(settings)
     manager = EngineManager(cards, settings, factory)
     decoder = VideoDecoderPool(workers=1)
     playground = Playground(manager, settings, decoder)
-    demo = launch(playground.build(), settings, block=False)
+    demo = launch(build(playground), settings, block=False)
     yield playground, f"http://127.0.0.1:{settings.port}/", factory
     playground.close()
     demo.close()
@@ -162,7 +171,13 @@ def send(page: Page, text: str, files: list[Path] = (), box: str = "chat-input")
 
 
 def bot_messages(page: Page) -> list[str]:
-    return page.locator("#chat [data-testid=bot]").all_inner_texts()
+    """The answers (without the line under each that opens to the prompt)."""
+    return page.locator("#chat [data-testid=bot]:not(:has(.thought-group))").all_inner_texts()
+
+
+def answer_labels(page: Page) -> list[str]:
+    """The line under each answer: its model and speed; it opens to the exact prompt."""
+    return page.locator("#chat .thought-group .title").all_inner_texts()
 
 
 def user_messages(page: Page) -> int:
@@ -284,16 +299,96 @@ def test_stop_ends_the_answer_in_the_engine_and_the_chat_goes_on(
     set_max_tokens(page, "chat", 4096)
     send(page, "Tell me a long story.")
     wait_until_answering(page, answers=1, timeout_s=120)
-    page.click("#stop")
-    poll(lambda: "(stopped)" in bot_messages(page)[-1])
+    # While it streams, the box's Send button is a Stop button, and Escape presses it.
+    stop = page.locator("#chat-input button.stop-button")
+    assert stop.is_visible() and not page.locator("#chat-input button.submit-button").is_visible()
+    page.keyboard.press("Escape")
+    poll(lambda: answer_labels(page) and answer_labels(page)[-1].endswith("stopped"))
     poll(lambda: playground.manager.unfinished_requests(TINY_A) == 0, 10)
     stopped = bot_messages(page)[-1]
     time.sleep(1)
     assert bot_messages(page)[-1] == stopped
+    poll(lambda: page.locator("#chat-input button.submit-button").is_visible(), 10)
     set_max_tokens(page, "chat", 32)
     send(page, "Go on.")
     wait_for_answer(page, answers=2)
-    assert len(bot_messages(page)) == 2 and "(stopped)" not in bot_messages(page)[-1]
+    assert len(bot_messages(page)) == 2 and not answer_labels(page)[-1].endswith("stopped")
+
+
+def test_each_answer_is_labelled_with_its_model_and_opens_to_the_exact_prompt(page: Page):
+    """Answers were not labelled: after a model switch mid-conversation they looked the same."""
+    set_max_tokens(page, "chat", 16)
+    send(page, "What shapes do you see?", [EXAMPLES / "shapes.png"])
+    wait_for_answer(page)
+    counted = re.search(r"the engine counted (\d+)", page.inner_text("#prompt-size"))
+    label = r" · first token \d+\.\d\d s · 16 tokens · \d+\.\d tok/s · cut at the token limit"
+    assert re.fullmatch(re.escape(LABEL_A) + label, answer_labels(page)[0]), answer_labels(page)
+    page.locator("#chat .thought-group .title").first.click()
+    opened = poll(
+        lambda: "Media" in (text := page.locator("#chat .thought-group").first.inner_text()) and text
+    )
+    assert counted and f"Prompt ({counted[1]} tokens, as the engine counted them)" in opened
+    assert "<|vision_start|><|image_pad|><|vision_end|>What shapes do you see?<|im_end|>" in opened
+    width, height = Image.open(EXAMPLES / "shapes.png").size
+    assert "shapes.png: image, " in opened and f"{width}×{height} px" in opened
+    assert "max tokens 16" in opened and "seed random" in opened
+    pick(page, "model", LABEL_B)
+    send(page, "And what do you see?")
+    wait_for_answer(page, answers=2, timeout_s=180)
+    assert [label.split(" · ")[0] for label in answer_labels(page)] == [LABEL_A, LABEL_B]
+
+
+def test_a_second_enter_while_an_answer_streams_is_sent_when_it_ends(
+    page: Page, served: tuple[Playground, str, RecordingFactory]
+):
+    """It was dropped without a word."""
+    factory = served[2]
+    set_max_tokens(page, "chat", 128)
+    send(page, "A first question")
+    wait_until_answering(page, answers=1, timeout_s=120)
+    send(page, "Typed while the first answer streams")
+    wait_for_answer(page, answers=2, timeout_s=180)
+    assert user_messages(page) == 2
+    first, second = (json.dumps(messages, default=str) for messages in factory.asked[-2:])
+    assert "Typed while" not in first and "Typed while the first answer streams" in second
+    assert not answer_labels(page)[0].endswith("stopped")
+
+
+def test_a_reload_keeps_the_conversation_and_the_model(
+    page: Page, served: tuple[Playground, str, RecordingFactory]
+):
+    factory = served[2]
+    pick(page, "model", LABEL_B)
+    set_max_tokens(page, "chat", 16)
+    send(page, "Remember the lighthouse", [EXAMPLES / "shapes.png"])
+    answer = wait_for_answer(page, timeout_s=180)
+    page.reload()
+    page.wait_for_selector("#chat-input textarea")
+    poll(lambda: bot_messages(page) == [answer], 30)
+    assert page.locator("#chat [data-testid=user] img").count() == 1
+    assert LABEL_B in page.input_value("#model input")
+    send(page, "And then?")
+    wait_for_answer(page, answers=2, timeout_s=180)
+    assert "lighthouse" in json.dumps(factory.asked[-1], default=str)
+
+
+def test_a_closed_tab_leaves_no_files_behind(
+    open_page: Callable[[], Page], served: tuple[Playground, str, RecordingFactory]
+):
+    """Gradio ends the session when the tab closes; its folder and uploads are deleted after
+    the reload grace period (20 s here), not left for hours."""
+    sessions = served[0].sessions
+    page = open_page()
+    set_max_tokens(page, "chat", 16)
+    send(page, "What is this?", [EXAMPLES / "shapes.png"])
+    wait_for_answer(page)
+    token = page.evaluate("sessionStorage.getItem('vlm-playground-session')")
+    chat = sessions.visits[token].chat
+    folder, uploads = chat.folder, list(chat.uploads)
+    assert folder.exists() and uploads and all(upload.exists() for upload in uploads)
+    page.context.close()
+    poll(lambda: not folder.exists(), 120)
+    assert token not in sessions.visits and not any(upload.exists() for upload in uploads)
 
 
 def test_the_chats_own_trash_icon_clears_the_conversation_the_model_gets(
@@ -335,8 +430,12 @@ def test_undo_regenerate_and_clear(page: Page):
 
 def test_switching_models_shows_the_load_progress_in_the_chat(page: Page):
     pick(page, "model", LABEL_B)
+    page.click("#model-card-box button")
     poll(lambda: LABEL_B in page.inner_text("#model-card"))
-    assert "random weights" in page.inner_text("#model-card")
+    card = page.inner_text("#model-card")
+    # Named by the repository it copies: its folder on the server (`tiny-twins` here) was shown.
+    assert "a random-weight twin of llava-hf/llava-1.5-7b-hf" in card and "tiny-twins" not in card
+    assert "random weights" in card
     send(page, "Hello, second model.")
     progress = poll(lambda: next((a for a in bot_messages(page) if a.startswith(WAITING)), None), 60)
     assert re.search(r"is (queued|loading|unloading)", progress)
@@ -346,23 +445,43 @@ def test_switching_models_shows_the_load_progress_in_the_chat(page: Page):
     poll(lambda: "ready" in page.inner_text("#model-state"), 10)
 
 
-def test_an_unavailable_model_says_why_and_cannot_be_used(page: Page):
-    pick(page, "model", "Qwen2.5-VL 3B Instruct (unavailable)")
-    poll(lambda: "Unavailable here" in page.inner_text("#model-card"))
-    assert "GPU" in page.inner_text("#model-card")
-    send(page, "Hello")
-    notice = poll(lambda: warning(page))
-    assert "cannot be served here" in notice
-    assert user_messages(page) == 0
-    assert page.input_value("#chat-input textarea") == "Hello"
+def test_models_this_machine_cannot_serve_are_listed_with_the_reason_not_offered(page: Page):
+    """60 entries said "(unavailable)" with no reason, could be picked, and were refused on send."""
+    page.click("#model input")
+    offered = page.get_by_role("option").all_inner_texts()
+    assert any(LABEL_A in option for option in offered)
+    assert not any("Qwen2.5-VL 3B" in option for option in offered)
+    page.keyboard.press("Escape")
+    page.click("#unavailable button")
+    listed = page.inner_text("#unavailable")
+    assert "Qwen2.5-VL 3B Instruct: needs an NVIDIA GPU; this machine has none" in listed
+
+
+def test_on_a_phone_the_model_picker_and_the_message_box_are_near_the_top(
+    browser: Browser, served: tuple[Playground, str, RecordingFactory]
+):
+    """At 390x844 the picker and settings sat 1,500 px down, below buttons and examples."""
+    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    try:
+        page = context.new_page()
+        page.goto(served[1])
+        page.wait_for_selector("#chat-input textarea")
+        picker = page.locator("#model").bounding_box()
+        assert picker and picker["y"] + picker["height"] <= 844, picker
+        chat, box = page.locator("#chat").bounding_box(), page.locator("#chat-input").bounding_box()
+        assert chat and box and picker["y"] < chat["y"] < box["y"] < 2 * 844, (chat, box)
+        shoot(page, "phone.png")
+    finally:
+        context.close()
 
 
 def test_picking_a_model_sets_the_sampling_to_its_cards_defaults(page: Page):
-    """DeepSeek-OCR's card asks for greedy decoding and 8192 tokens; the demo models have none."""
+    """A card asking for greedy decoding and 8192 tokens (as DeepSeek-OCR's does); the demo
+    models ask for nothing."""
     page.click("#chat-sampling button")
     temperature = page.locator("#chat-temperature input[type=number]")
     max_tokens = page.locator("#chat-max-tokens input[type=number]")
-    pick(page, "model", "DeepSeek-OCR (unavailable)")
+    pick(page, "model", "Greedy twin")
     poll(lambda: max_tokens.input_value() == "8192", 10)
     assert float(temperature.input_value()) == 0.0
     pick(page, "model", LABEL_B)
@@ -439,6 +558,12 @@ def test_two_models_compared_side_by_side_and_exported(
     waiting = poll(lambda: any("waiting for" in head.inner_text() for head in heads), 60)
     assert waiting  # the two tiny models do not fit together here (max_resident=1): they take turns
     poll(lambda: all("tok/s" in head.inner_text() for head in heads), 240)
+    # What every model was sent is above the columns; each answer can be copied.
+    sent = page.inner_text("#compare-sent")
+    assert "Which shape is on the left?" in sent and "shapes.png: image" in sent
+    assert page.locator("#compare-answer-0 button[aria-label*='Copy' i]").count() == 1
+    # The message box's Send button is back (it was Stop while the answers streamed).
+    poll(lambda: page.locator("#compare-input button.submit-button").is_visible(), 10)
     shoot(page, "compare.png")
     with page.expect_download() as download:
         page.click("#export-json")
@@ -461,12 +586,23 @@ def test_two_models_compared_side_by_side_and_exported(
 # --- the API and the public-page defaults ----------------------------------------------------
 
 
-def test_the_chat_api_streams_through_gradio_client(served: tuple[Playground, str, RecordingFactory]):
+def test_the_chat_api_streams_through_gradio_client(
+    served: tuple[Playground, str, RecordingFactory], capfd: pytest.CaptureFixture[str]
+):
     from gradio_client import Client, handle_file
     from gradio_client.exceptions import AppError
 
     client = Client(served[1], verbose=False)
-    assert set(client.view_api(return_format="dict", print_info=False)["named_endpoints"]) == {"/chat"}
+    endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+    assert set(endpoints) == {"/chat"}
+    # Its help names the parameters in the page's order (they were param_3...), and its example works.
+    parameters = endpoints["/chat"]["parameters"]
+    names = [parameter["parameter_name"] for parameter in parameters]
+    assert names == ["message", "model", "system_prompt", "temperature", "top_p", "max_tokens", "seed"]
+    example = [parameter["example_input"] for parameter in parameters]
+    assert example[1] == TINY_A
+    assert client.predict(*example[:5], 8, None, api_name="/chat")
+    capfd.readouterr()
     message = {"text": "Describe the picture.", "files": [handle_file(str(EXAMPLES / "bar_chart.png"))]}
     job = client.submit(message, TINY_A, "", 0.0, 1.0, 24, 7, api_name="/chat")
     updates = list(job)
@@ -480,6 +616,50 @@ def test_the_chat_api_streams_through_gradio_client(served: tuple[Playground, st
         client.predict({"text": "hi", "files": []}, TINY_A, "", 0.7, 1.0, 100_000, None, api_name="/chat")
     with pytest.raises(AppError, match="Temperature is -1"):
         client.predict({"text": "hi", "files": []}, TINY_A, "", -1, 1.0, 16, None, api_name="/chat")
+    # A user's refusal is not a server error: no traceback in the log (48 of 58 logged lines were).
+    assert "Traceback" not in "".join(capfd.readouterr())
+
+
+def test_the_surface_is_the_page_and_chat_only_and_says_no_server_path(
+    served: tuple[Playground, str, RecordingFactory], tmp_path: Path
+):
+    url = served[1]
+    photo = tmp_path / "photo.png"
+    Image.new("RGB", (8, 8), "red").save(photo)
+    with httpx.Client(base_url=url, timeout=30) as http:
+        # The page's own events are not an API (they ran through /call/<name> with the history).
+        for name in ("send", "regenerate", "undo", "resume", "load_example", "chat_api"):
+            assert http.post(f"gradio_api/call/{name}", json={"data": []}).status_code == 404, name
+        assert http.post("gradio_api/call/chat", json={"data": []}).status_code == 200
+        # Uploads come from this page (or a script), never from another site's page.
+        with photo.open("rb") as handle:
+            foreign = http.post(
+                "gradio_api/upload",
+                files={"files": ("photo.png", handle, "image/png")},
+                headers={"Origin": "https://elsewhere.example"},
+            )
+        assert foreign.status_code == 403
+        with photo.open("rb") as handle:
+            upload = http.post(
+                "gradio_api/upload",
+                files={"files": ("photo.png", handle, "image/png")},
+                headers={"Origin": url.rstrip("/")},
+            )
+        assert upload.status_code == 200
+        (stored,) = upload.json()
+        # No server path in the answer: the upload folder is a name on the wire, and it works.
+        assert (
+            stored.startswith("@uploads/")
+            and stored.endswith("/photo.png")
+            and str(served[0].sessions.upload_root) not in upload.text
+        )
+        assert http.get(f"gradio_api/file={stored}").content == photo.read_bytes()
+        refused = http.get("gradio_api/file=/etc/passwd")
+        assert refused.status_code in (403, 404) and "/etc" not in refused.text
+        # The page's address is never taken from a request's headers.
+        config = http.get("config", headers={"X-Forwarded-Host": "evil.example"})
+        assert config.status_code == 200 and "evil.example" not in config.text
+        assert http.get("config", headers={"Host": "evil.example"}).status_code == 421
 
 
 def test_public_page_defaults(served: tuple[Playground, str, RecordingFactory], tmp_path: Path):
@@ -497,7 +677,7 @@ def test_public_page_defaults(served: tuple[Playground, str, RecordingFactory], 
 
 
 def test_the_ui_module_imports_no_torch():
-    code = "import sys, app.ui; print(sorted(m for m in ('torch', 'vllm') if m in sys.modules))"
+    code = "import sys, app.views; print(sorted(m for m in ('torch', 'vllm') if m in sys.modules))"
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
     )

@@ -1,0 +1,17 @@
+"""The browser app: one page, a view per tab, over services every view shares.
+
+- `services`: the catalog as offered here, the engine manager, the steps from a message to a
+  measured reply (`Playground`).
+- `chat`, `compare`: a tab each, its layout and its handlers (a button's handler is in the
+  view that shows the button). `api`: the `/chat` endpoint.
+- `widgets`: controls several views use. `page`: the page around the views (tabs, sessions
+  that survive a reload, the public server's defaults).
+
+This package imports neither torch nor vLLM: the engine factory is given to the manager by
+`app.__main__`.
+"""
+
+from app.views.page import build, launch
+from app.views.services import Playground
+
+__all__ = ["Playground", "build", "launch"]

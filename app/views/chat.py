@@ -1,0 +1,336 @@
+"""The chat tab: one model, a conversation of several turns with images or a video.
+
+Each answer is labelled with its model and speed, and opens to the exact prompt the engine got.
+Every handler takes the tab's `Visit` (`app.sessions`) and changes only its `chat` session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import gradio as gr
+
+from app.cards import ModelCard
+from app.compare import fenced
+from app.conversation import (
+    ConversationError,
+    Session,
+    Turn,
+    check_media,
+    make_turn,
+)
+from app.engine import SamplingSettings, card_sampling
+from app.replies import Reply
+from app.sessions import Visit
+from app.views.services import Playground, page_max_tokens, refusal
+from app.views.widgets import (
+    SYSTEM_HINT,
+    box_idle,
+    box_streaming,
+    example_messages,
+    message_box,
+    sampling_controls,
+)
+
+PRIVATE: dict[str, Any] = {"api_visibility": "private"}  # page events, not API endpoints
+WAITING = "Waiting for the model"
+STATUS_REFRESH_S = 1.0
+NO_VISIT = "This page lost its session; reload it to start again."
+
+
+class ChatView:
+    def __init__(self, playground: Playground) -> None:
+        self.playground = playground
+
+    # --- handlers ----------------------------------------------------------------------------
+
+    async def send(
+        self, message: dict[str, Any], visit: Visit | None, key: str, system: str, *controls: Any
+    ) -> AsyncIterator[tuple[Any, ...]]:
+        """A new user message: checked and loaded, then answered as it streams."""
+        text, files = message.get("text") or "", list(message.get("files") or [])
+        session = visit.chat if visit is not None else Session()
+        try:
+            if visit is None:
+                raise ConversationError(NO_VISIT)
+            card = self.playground.servable(key)
+            sampling = self.playground.sampling(card, *controls)
+            check_media(card, session.turns, files)
+            turn, clip = await make_turn(session, text, files, self.playground.decoder, card.video_frames)
+            clips = {turn.video: clip} if clip else None
+            messages, size = await self.playground.prompt_for(card, [*session.turns, turn], system, clips)
+        except Exception as error:
+            yield conversation(session), box_idle(value=message), refusal(error), gr.skip()
+            return
+        session.turns.append(turn)
+        failed = False
+        async for update in self.answer(
+            card, session, turn, messages, sampling, size, box_streaming(value=None)
+        ):
+            failed = failed or bool(update[2])
+            yield update
+        if failed:
+            session.turns.remove(turn)  # the message goes back to the box, to send again
+            yield conversation(session), box_idle(value=message), gr.skip(), gr.skip()
+
+    async def regenerate(
+        self, visit: Visit | None, key: str, system: str, *controls: Any
+    ) -> AsyncIterator[tuple[Any, ...]]:
+        session = visit.chat if visit is not None else Session()
+        if not session.turns:
+            yield conversation(session), gr.skip(), "Nothing to regenerate yet.", gr.skip()
+            return
+        turn = session.turns[-1]
+        try:
+            card = self.playground.servable(key)
+            sampling = self.playground.sampling(card, *controls)
+            check_media(card, session.turns[:-1], [str(path) for path in turn.files])
+            messages, size = await self.playground.prompt_for(card, session.turns, system)
+        except Exception as error:
+            yield conversation(session), gr.skip(), refusal(error), gr.skip()
+            return
+        previous = turn.reply
+        async for update in self.answer(card, session, turn, messages, sampling, size, box_streaming()):
+            if update[2]:
+                turn.reply = previous  # the old answer rather than none
+                update = (conversation(session), *update[1:])
+            yield update
+
+    async def answer(
+        self,
+        card: ModelCard,
+        session: Session,
+        turn: Turn,
+        messages: list[dict[str, Any]],
+        sampling: SamplingSettings,
+        size: int,
+        box: gr.MultimodalTextbox,
+    ) -> AsyncIterator[tuple[Any, ...]]:
+        """Streams `card`'s answer into `turn`. Yields (chat, box, notice, size line); a
+        failure ends with its notice. The stop button closes the stream, which aborts the
+        request in the engine."""
+        session.stop_requested = False
+        sent = [
+            media for earlier in session.turns[: session.turns.index(turn) + 1] for media in earlier.media
+        ]
+        turn.reply = Reply.of(card, media=sent)
+        yield conversation(session), box, "", size_line(card, size, None)
+        try:
+            async with contextlib.aclosing(
+                self.playground.reply_stream(card, messages, sampling, turn.reply)
+            ) as replies:
+                async for _ in replies:
+                    if session.stop_requested:
+                        break
+                    yield conversation(session), gr.skip(), "", gr.skip()
+        except Exception as error:
+            yield conversation(session), box_idle(), refusal(error), gr.skip()
+            return
+        yield conversation(session), box_idle(), "", size_line(card, size, turn.reply.prompt_tokens or None)
+
+    def stop(self, visit: Visit | None) -> None:
+        if visit is not None:
+            visit.chat.stop_requested = True
+
+    def undo(self, visit: Visit | None) -> tuple[Any, ...]:
+        session = visit.chat if visit is not None else Session()
+        if not session.turns:
+            return conversation(session), gr.skip(), ""
+        turn = session.turns.pop()
+        files = [str(path) for path in turn.files]
+        return conversation(session), box_idle(value={"text": turn.text, "files": files}), ""
+
+    def clear(self, visit: Visit | None) -> tuple[Any, ...]:
+        if visit is not None:
+            visit.chat.close()
+        return [], box_idle(value=None), "", ""
+
+    def picked(self, key: str | None, visit: Visit | None) -> tuple[Any, ...]:
+        """The card, the state, the system prompt box and the model's sampling defaults."""
+        if visit is not None and key:
+            visit.chat_model = key
+        choice = self.playground.choices.get(key or "")
+        takes = choice is None or choice.card.takes_system_prompt
+        hint = SYSTEM_HINT if takes else "This model's prompt format has no system prompt"
+        defaults = card_sampling(choice.card) if choice is not None else SamplingSettings().for_card(None)
+        return (
+            self.card_panel(key),
+            self.playground.status_line(key),
+            gr.Textbox(interactive=takes, placeholder=hint),
+            gr.Slider(value=defaults.temperature),
+            gr.Slider(value=defaults.top_p),
+            gr.Slider(value=defaults.max_tokens, maximum=page_max_tokens(choice and choice.card)),
+        )
+
+    def resumed(self, visit: Visit | None) -> tuple[Any, ...]:
+        """After a (re)load: the tab's conversation and model as they were."""
+        if visit is None:
+            return gr.skip(), gr.skip()
+        return conversation(visit.chat), visit.chat_model or gr.skip()
+
+    def card_panel(self, key: str | None) -> str:
+        choice = self.playground.choices.get(key or "")
+        if choice is None:
+            return "Pick a model."
+        card = choice.card
+        limits = ", ".join(f"{n} {kind}{'s' if n != 1 else ''}" for kind, n in card.media_limits.items())
+        lines = [
+            f"### {card.display_name}",
+            f"**Model:** `{card.source}`",
+            f"**Takes:** text, {' and '.join(card.modalities)} (at most {limits} per conversation)",
+            f"**Context:** {card.max_model_len or 'model default'} tokens · "
+            f"**video frames sampled:** {card.video_frames}",
+        ]
+        if not card.takes_system_prompt:
+            lines.append("**No system prompt:** this model's prompt format has none.")
+        if not card.multi_turn:
+            lines.append("**One turn only:** this model's format has no conversation history.")
+        if card.notes:
+            lines.append(f"**Notes:** {card.notes}")
+        if choice.reason:
+            lines.append(f"**Unavailable here:** {choice.reason}")
+        return "\n\n".join(lines)
+
+    # --- layout ------------------------------------------------------------------------------
+
+    def layout(self, visit: gr.State) -> gr.Chatbot:
+        """The tab's components and events; returns the conversation (the page restores it)."""
+        playground = self.playground
+        labels = [(choice.label, key) for key, choice in playground.choices.items() if not choice.reason]
+        with gr.Row(equal_height=False):
+            # On a phone the columns stack: the model and its settings come first, above the chat.
+            with gr.Column(scale=2, min_width=300, elem_id="chat-settings"):
+                self.model = model = gr.Dropdown(
+                    labels, value=playground.default_model, label="Model", elem_id="model"
+                )
+                state = gr.Markdown(playground.status_line(playground.default_model), elem_id="model-state")
+                system = gr.Textbox(label="System prompt", elem_id="system", placeholder=SYSTEM_HINT)
+                default = playground.choices.get(playground.default_model or "")
+                sampling = sampling_controls("chat", default.card if default is not None else None)
+                with gr.Accordion("About this model", open=False, elem_id="model-card-box"):
+                    panel = gr.Markdown(self.card_panel(playground.default_model), elem_id="model-card")
+                unavailable = [c for c in playground.choices.values() if c.reason]
+                if unavailable:
+                    # Listed with the reason rather than offered in the picker and refused on send.
+                    with gr.Accordion(
+                        f"Not served here ({len(unavailable)})", open=False, elem_id="unavailable"
+                    ):
+                        gr.Markdown("\n".join(f"- **{c.label}**: {c.reason}" for c in unavailable))
+            with gr.Column(scale=3, min_width=320):
+                chatbot = gr.Chatbot(elem_id="chat", height=520, label="Conversation", buttons=["copy"])
+                # Above the input box: a grown box pushed a refusal below the window's edge.
+                notice = gr.Markdown(elem_id="notice")
+                box = message_box(
+                    "chat-input", "Ask about images or a video: drop several images or one clip"
+                )
+                with gr.Row():
+                    regenerate = gr.Button("Regenerate", elem_id="regenerate", size="sm")
+                    undo = gr.Button("Undo last turn", elem_id="undo", size="sm")
+                    clear = gr.Button("Clear", elem_id="clear", size="sm")
+                size = gr.Markdown(elem_id="prompt-size")
+                gr.Examples(examples=example_messages(), inputs=[box], label="Examples")
+        inputs, outputs = [visit, model, system, *sampling], [chatbot, box, notice, size]
+        # A second Enter while an answer streams is sent when it ends (not dropped).
+        sent = box.submit(
+            self.send,
+            [box, *inputs],
+            outputs,
+            show_progress_on=[chatbot],
+            trigger_mode="always_last",
+            **PRIVATE,
+        )
+        sent.then(playground.status_line, [model], [state], show_progress="hidden", **PRIVATE)
+        again = regenerate.click(self.regenerate, inputs, outputs, show_progress_on=[chatbot], **PRIVATE)
+        for event in (sent, again):
+            # The Send button comes back however the answer ended.
+            event.then(box_idle, None, [box], show_progress="hidden", queue=False, **PRIVATE)
+        box.stop(self.stop, [visit], None, concurrency_limit=None, **PRIVATE)
+        undo.click(self.undo, [visit], [chatbot, box, notice], **PRIVATE)
+        # The chat's own trash icon clears the conversation too, not only the screen.
+        gr.on([clear.click, chatbot.clear], self.clear, [visit], outputs, **PRIVATE)
+        model.change(
+            self.picked,
+            [model, visit],
+            [panel, state, system, *sampling[:3]],
+            show_progress="hidden",
+            **PRIVATE,
+        )
+        gr.Timer(STATUS_REFRESH_S).tick(
+            playground.status_line,
+            [model],
+            [state],
+            concurrency_limit=None,
+            show_progress="hidden",
+            **PRIVATE,
+        )
+        return chatbot
+
+
+def size_line(card: ModelCard, size: int, counted: int | None) -> str:
+    limit = f" of {card.max_model_len:,}" if card.max_model_len else ""
+    text = f"Prompt: about {size:,}{limit} tokens (estimated before sending)"
+    return text + (f"; the engine counted {counted:,}." if counted is not None else ".")
+
+
+def conversation(session: Session) -> list[dict[str, Any]]:
+    """The conversation as the Chatbot shows it: files, video frames with times, answers, and
+    under each answer a line with its model and speed that opens to the exact prompt."""
+    messages: list[dict[str, Any]] = []
+    for turn in session.turns:
+        for path in turn.files:
+            messages.append({"role": "user", "content": {"path": str(path)}})
+        if turn.frames:
+            gallery = gr.Gallery(
+                [(str(path), f"{seconds:.1f} s") for path, seconds in turn.frames],
+                # Four a row: the chat's bubble is about 580 px wide, and eight a row (100 px
+                # each) hid six of sixteen frames past its edge.
+                columns=4,
+                height="auto",
+                label=f"The {len(turn.frames)} frames the model sees",
+                elem_classes=["frames"],
+                allow_preview=False,
+                buttons=[],
+            )
+            messages.append({"role": "user", "content": gallery})
+        if turn.text:
+            messages.append({"role": "user", "content": turn.text})
+        reply = turn.reply
+        if reply is None:
+            continue
+        if reply.answer:
+            messages.append({"role": "assistant", "content": reply.answer})
+        elif not reply.ended:
+            messages.append(
+                {"role": "assistant", "content": f"{WAITING}: {reply.display_name} is {reply.state}"}
+            )
+        if reply.ended:
+            details = {"title": reply.label(), "status": "done"}
+            messages.append({"role": "assistant", "content": what_was_sent(reply), "metadata": details})
+    return messages
+
+
+def what_was_sent(reply: Reply) -> str:
+    """The exact prompt the engine got (as it counted it), the media and the sampling."""
+    if reply.prompt:
+        prompt = [
+            f"**Prompt** ({reply.prompt_tokens:,} tokens, as the engine counted them):",
+            *fenced(reply.prompt),
+        ]
+    else:
+        prompt = ["**Prompt:** the answer was stopped before the engine reported it."]
+    media = [f"- {line}" for line in reply.media] or ["(none)"]
+    sampling = ", ".join(f"{name.replace('_', ' ')} {value}" for name, value in reply.sampling.items())
+    return "\n".join(
+        [
+            f"**Model:** {reply.display_name} ({reply.source})",
+            "",
+            *prompt,
+            "",
+            "**Media:**",
+            *media,
+            "",
+            f"**Sampling:** {sampling}",
+        ]
+    )

@@ -1,0 +1,159 @@
+"""The compare tab: one message answered by two to four models side by side, then exported.
+
+Every handler takes the tab's `Visit` (`app.sessions`) and changes only its `compare` session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from app import compare
+from app.cards import ModelCard
+from app.compare import Comparison
+from app.conversation import ConversationError, Session, check_media, make_turn
+from app.sessions import Visit
+from app.views.chat import NO_VISIT, PRIVATE
+from app.views.services import WARNING, Playground, describe_sampling, refusal
+from app.views.widgets import SYSTEM_HINT, box_idle, box_streaming, message_box, sampling_controls
+
+
+class CompareView:
+    def __init__(self, playground: Playground) -> None:
+        self.playground = playground
+
+    # --- handlers ----------------------------------------------------------------------------
+
+    async def compare(
+        self, message: dict[str, Any], visit: Visit | None, keys: list[str], system: str, *controls: Any
+    ) -> AsyncIterator[tuple[Any, ...]]:
+        text, files = message.get("text") or "", list(message.get("files") or [])
+        session = visit.compare if visit is not None else Session()
+        try:
+            if visit is None:
+                raise ConversationError(NO_VISIT)
+            cards = [self.playground.servable(key) for key in keys or []]
+            if not compare.MIN_MODELS <= len(cards) <= compare.MAX_MODELS:
+                raise ConversationError(
+                    f"Pick {compare.MIN_MODELS} to {compare.MAX_MODELS} models to compare."
+                )
+            # Checked against each model's bounds; the values are the same for all.
+            sampling = {card.key: self.playground.sampling(card, *controls) for card in cards}[cards[0].key]
+            session.close()
+            turn, clip = await make_turn(session, text, files, self.playground.decoder, cards[0].video_frames)
+        except Exception as error:
+            yield (
+                *columns_view(None),
+                gr.skip(),
+                box_idle(value=message),
+                refusal(error),
+                gr.skip(),
+                gr.skip(),
+            )
+            return
+        comparison = Comparison(text, [Path(f).name for f in files], system, sampling)
+
+        async def messages_for(card: ModelCard) -> list[dict[str, Any]]:
+            check_media(card, [], files)
+            same_frames = clip is not None and card.video_frames == cards[0].video_frames
+            messages, _ = await self.playground.prompt_for(
+                card, [turn], system, {turn.video: clip} if same_frames else None
+            )
+            return messages
+
+        session.stop_requested = False
+        sent = sent_view(comparison, turn.media)
+        box = box_streaming(value=None)
+        async with contextlib.aclosing(
+            compare.run(self.playground.manager, comparison, cards, messages_for)
+        ) as run:
+            async for update in run:
+                for column, card in zip(update.columns, cards, strict=True):
+                    column.media = turn.media
+                    column.sampling = describe_sampling(sampling.for_card(card))
+                yield *columns_view(update), sent, box, "", gr.skip(), gr.skip()
+                sent, box = gr.skip(), gr.skip()
+                if session.stop_requested:
+                    break
+        yield *columns_view(comparison), gr.skip(), box_idle(), "", *self.exports(session, comparison)
+
+    def stop(self, visit: Visit | None) -> None:
+        if visit is not None:
+            visit.compare.stop_requested = True
+
+    def exports(
+        self, session: Session, comparison: Comparison
+    ) -> tuple[gr.DownloadButton, gr.DownloadButton]:
+        name = compare.export_name(comparison)
+        json_path, markdown_path = session.folder / f"{name}.json", session.folder / f"{name}.md"
+        json_path.write_text(compare.to_json(comparison), encoding="utf-8")
+        markdown_path.write_text(compare.to_markdown(comparison), encoding="utf-8")
+        return gr.DownloadButton(value=str(json_path), interactive=True), gr.DownloadButton(
+            value=str(markdown_path), interactive=True
+        )
+
+    # --- layout ------------------------------------------------------------------------------
+
+    def layout(self, visit: gr.State) -> None:
+        servable = [
+            (choice.label, key) for key, choice in self.playground.choices.items() if not choice.reason
+        ]
+        keys = gr.Dropdown(
+            servable,
+            multiselect=True,
+            max_choices=compare.MAX_MODELS,
+            elem_id="compare-models",
+            label=f"Models to compare ({compare.MIN_MODELS} to {compare.MAX_MODELS})",
+        )
+        notice = gr.Markdown(elem_id="compare-notice")
+        box = message_box("compare-input", "One message (text, images or a clip) for every model")
+        sent = gr.Markdown(elem_id="compare-sent")
+        columns: list[Any] = []
+        with gr.Row():
+            for index in range(compare.MAX_MODELS):
+                with gr.Column(visible=False, min_width=220) as column:
+                    columns += [column, gr.Markdown(elem_id=f"compare-head-{index}")]
+                    columns.append(gr.Markdown(elem_id=f"compare-answer-{index}", buttons=["copy"]))
+        with gr.Row():
+            export_json = gr.DownloadButton(
+                "Export JSON", elem_id="export-json", interactive=False, size="sm"
+            )
+            export_md = gr.DownloadButton(
+                "Export Markdown", elem_id="export-md", interactive=False, size="sm"
+            )
+        system = gr.Textbox(label="System prompt", elem_id="compare-system", placeholder=SYSTEM_HINT)
+        sampling = sampling_controls("compare")
+        asked = box.submit(
+            self.compare,
+            [box, visit, keys, system, *sampling],
+            [*columns, sent, box, notice, export_json, export_md],
+            show_progress="hidden",
+            **PRIVATE,
+        )
+        asked.then(box_idle, None, [box], show_progress="hidden", queue=False, **PRIVATE)
+        box.stop(self.stop, [visit], None, concurrency_limit=None, **PRIVATE)
+
+
+def sent_view(comparison: Comparison, media: list[str]) -> str:
+    """What every model was sent, above the columns."""
+    files = "; ".join(media) or "no files"
+    system = f" · system prompt: {len(comparison.system):,} characters" if comparison.system else ""
+    return f"**Sent to every model:** {comparison.text or '(no text)'}  \n*{files}{system}*"
+
+
+def columns_view(comparison: Comparison | None) -> list[Any]:
+    updates: list[Any] = []
+    columns = comparison.columns if comparison else []
+    for index in range(compare.MAX_MODELS):
+        if index < len(columns):
+            column = columns[index]
+            head = f"### {column.display_name}\n{column.header()}"
+            body = column.answer or (f"{WARNING}{column.error}" if column.error else "…")
+            updates += [gr.Column(visible=True), head, body]
+        else:
+            updates += [gr.Column(visible=False), "", ""]
+    return updates

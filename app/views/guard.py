@@ -1,0 +1,158 @@
+"""The page's public surface, enforced in front of Gradio (an ASGI middleware).
+
+Gradio serves more than the page needs, and says more than users should see. In front of it:
+- Only `/chat` is callable by name (`/gradio_api/call/<name>`): the page's own events run
+  through the queue with the page's session, and are not an API.
+- Uploads are taken from this page's origin (or from clients that send no `Origin`, such as
+  `gradio_client`), never from another site's page.
+- The `Host` header is checked against the addresses the page is served at, and forwarded-host
+  headers are dropped, so the page's `/config` never tells a visitor an address it made up.
+- Server paths never leave the server: Gradio's upload folder is `@uploads/` on the wire (in
+  answers, file URLs and upload results) and is turned back into the folder in requests; a
+  refused file answers one line without the path.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+from urllib.parse import urlsplit
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+API = "/gradio_api"
+WIRE_NAME = b"@uploads/"
+DROPPED_HEADERS = {b"x-forwarded-host", b"x-forwarded-proto", b"x-forwarded-port", b"forwarded"}
+LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
+
+
+class Guard:
+    def __init__(
+        self, app: ASGIApp, upload_folder: str, allowed_hosts: set[str] | None, public_api: str
+    ) -> None:
+        """`allowed_hosts`: host names the page answers to (None: any, when it listens on every
+        interface and its public address is not known)."""
+        self.app = app
+        self.folder = upload_folder.rstrip("/").encode() + b"/"
+        self.allowed_hosts = allowed_hosts
+        self.public_api = public_api
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        headers = [(name, value) for name, value in scope["headers"] if name not in DROPPED_HEADERS]
+        scope["headers"] = headers
+        values = dict(headers)
+        host = values.get(b"host", b"").decode("latin-1")
+        if self.allowed_hosts is not None and urlsplit(f"//{host}").hostname not in self.allowed_hosts:
+            await refuse(send, 421, "This page is not served at that address.")
+            return
+        path: str = scope["path"]
+        if path.startswith(f"{API}/call/") and path.split("/")[3] != self.public_api:
+            await refuse(send, 404, f"Not found: the API has one endpoint, /{self.public_api}.")
+            return
+        if path.startswith(f"{API}/upload") and not same_origin(values.get(b"origin"), host):
+            await refuse(send, 403, "Uploads are taken from this page only.")
+            return
+        if path.startswith(API) and scope["type"] == "http":
+            self._to_server(scope)
+            receive = await self._body_to_server(scope, receive)
+            send = self._to_wire(scope, send)
+        await self.app(scope, receive, send)
+
+    def _to_server(self, scope: Scope) -> None:
+        wire = WIRE_NAME.decode()
+        if wire in scope["path"]:
+            scope["path"] = scope["path"].replace(wire, self.folder.decode())
+            scope["raw_path"] = scope["path"].encode()
+        if WIRE_NAME in scope.get("query_string", b""):
+            scope["query_string"] = scope["query_string"].replace(WIRE_NAME, self.folder)
+
+    async def _body_to_server(self, scope: Scope, receive: Receive) -> Receive:
+        """A JSON request's body with the wire name turned back into the folder."""
+        headers = dict(scope["headers"])
+        if scope["type"] != "http" or b"json" not in headers.get(b"content-type", b""):
+            return receive
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return _replay(message, receive)
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        body = body.replace(WIRE_NAME, self.folder)
+        scope["headers"] = [(n, v) for n, v in scope["headers"] if n != b"content-length"] + [
+            (b"content-length", str(len(body)).encode())
+        ]
+        return _replay({"type": "http.request", "body": body, "more_body": False}, receive)
+
+    def _to_wire(self, scope: Scope, send: Send) -> Send:
+        """Answers with the folder written as the wire name; a refused file's answer names none."""
+        folder = self.folder
+        state: dict[str, Any] = {}
+
+        async def send_to_wire(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                if status in (403, 404) and scope["path"].startswith(f"{API}/file="):
+                    state["refused"] = True
+                    body = b"This file is not available."
+                    headers = [(b"content-type", b"text/plain; charset=utf-8")]
+                    await send({"type": "http.response.start", "status": status, "headers": headers})
+                    await send({"type": "http.response.body", "body": body})
+                    return
+                headers = [(n, v) for n, v in message.get("headers", []) if n != b"content-length"]
+                message = {**message, "headers": headers}
+            elif message["type"] == "http.response.body":
+                if state.get("refused"):
+                    return
+                message = {**message, "body": message.get("body", b"").replace(folder, WIRE_NAME)}
+            await send(message)
+
+        return send_to_wire
+
+
+def _replay(first: Message, then: Receive) -> Receive:
+    """`first`, then what the client sends next (its disconnect)."""
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return first
+        return await then()
+
+    return receive
+
+
+def same_origin(origin: bytes | None, host: str) -> bool:
+    """No `Origin` (a script, not a browser page) or this page's own."""
+    if not origin or origin == b"null":
+        return origin is None
+    return urlsplit(origin.decode("latin-1")).netloc == host
+
+
+async def refuse(send: Send, status: int, line: str) -> None:
+    body = json.dumps({"error": line}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def allowed_hosts(bind_host: str, public_url: str | None) -> set[str] | None:
+    """The host names the page answers to: its public address and the loopback names, plus
+    the address it listens on; any when it listens on every interface with no public address."""
+    hosts = set(LOOPBACK)
+    if public_url:
+        hosts.add(urlsplit(public_url).hostname or "")
+    elif bind_host in ("0.0.0.0", "::", ""):  # noqa: S104 (a check, not a binding)
+        return None
+    hosts.add(bind_host)
+    return hosts

@@ -1,0 +1,119 @@
+"""The page around the views: the tabs, a tab's session that survives a reload (and is deleted
+when the tab is gone), and the server's public defaults."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+from starlette.middleware import Middleware
+
+from app.config import Settings
+from app.views.api import CHAT_API, ChatApi
+from app.views.chat import PRIVATE, ChatView
+from app.views.compare import CompareView
+from app.views.guard import Guard, allowed_hosts
+from app.views.services import Playground
+
+# Uploads older than this are removed from Gradio's upload cache (checked as often). A message
+# keeps its own links to the files it sent, so only files never sent are lost.
+UPLOAD_MAX_AGE_S = 900
+STORAGE_KEY = "vlm-playground-session"
+# The tab's token lives in sessionStorage: a reload keeps it, another tab has its own.
+READ_TOKEN = f"() => [sessionStorage.getItem('{STORAGE_KEY}') || '']"
+WRITE_TOKEN = f"(token) => {{ sessionStorage.setItem('{STORAGE_KEY}', token); return []; }}"
+# Escape stops the answer that streams in view (the message box's own stop button).
+ESCAPE_STOPS = """
+() => {
+  document.addEventListener("keydown", (event) => {
+    if (event.key !== "Escape") return;
+    for (const box of document.querySelectorAll("#chat-input, #compare-input")) {
+      const stop = box.querySelector("button.stop-button");
+      if (stop && box.offsetParent !== null) { stop.click(); event.preventDefault(); }
+    }
+  });
+}
+"""
+CSS = """
+#notice:empty, #compare-notice:empty, #compare-sent:empty { display: none; }
+#notice, #compare-notice { color: var(--error-text-color); }
+.frames .caption-label { font-size: 0.75em; }
+"""
+
+
+class Page:
+    def __init__(self, playground: Playground) -> None:
+        self.playground = playground
+        self.sessions = playground.sessions
+        self.chat = ChatView(playground)
+        self.compare = CompareView(playground)
+        self.api = ChatApi(self.chat)
+
+    async def resume(self, token: str, request: gr.Request) -> tuple[Any, ...]:
+        """A page (re)loaded: the tab's session, a new one for a new tab."""
+        token, visit = self.sessions.attach(token, request.session_hash or "")
+        return token, visit, *self.chat.resumed(visit)
+
+    async def leave(self, request: gr.Request) -> None:
+        """Gradio ended the page (closed or reloaded)."""
+        self.sessions.detach(request.session_hash or "")
+
+    def build(self) -> gr.Blocks:
+        with gr.Blocks(title="VLM Playground", delete_cache=(UPLOAD_MAX_AGE_S, UPLOAD_MAX_AGE_S)) as demo:
+            gr.Markdown("# VLM Playground\nChat with vision-language models served by vLLM.")
+            self.sessions.upload_root = Path(demo.GRADIO_CACHE)
+            visit = gr.State(None)
+            token = gr.Textbox(visible=False)
+            with gr.Tab("Chat", id="chat-tab"):
+                chatbot = self.chat.layout(visit)
+            with gr.Tab("Compare", id="compare-tab"):
+                self.compare.layout(visit)
+            self.api.layout()
+            loaded = demo.load(
+                self.resume, [token], [token, visit, chatbot, self.chat.model], js=READ_TOKEN, **PRIVATE
+            )
+            loaded.then(None, [token], None, js=WRITE_TOKEN, queue=False, **PRIVATE)
+            demo.unload(self.leave)
+        return demo
+
+
+def build(playground: Playground) -> gr.Blocks:
+    return Page(playground).build()
+
+
+def launch(demo: gr.Blocks, settings: Settings, block: bool = True, quiet: bool | None = None) -> gr.Blocks:
+    """Serves the page with a public page's defaults: a bounded queue, no API route that skips
+    it, an upload limit, no monitoring page, no tracebacks, no share link unless asked for.
+    Gradio prints the page's address unless `quiet` (default: when not blocking)."""
+    demo.queue(max_size=settings.queue_size, default_concurrency_limit=settings.concurrency, api_open=False)
+    public_url = settings.public_url or (
+        f"https://{space}" if (space := os.environ.get("SPACE_HOST")) else None
+    )
+    guard = Middleware(
+        Guard,
+        upload_folder=demo.GRADIO_CACHE,
+        allowed_hosts=allowed_hosts(settings.host, public_url),
+        public_api=CHAT_API,
+    )
+    demo.launch(
+        root_path=public_url,
+        app_kwargs={"middleware": [guard]},
+        server_name=settings.host,
+        server_port=settings.port,
+        share=settings.share,
+        max_file_size=settings.max_upload_bytes,
+        enable_monitoring=False,
+        show_error=False,
+        run_history=False,
+        ssr_mode=False,
+        pwa=False,
+        mcp_server=False,
+        footer_links=["api"],
+        prevent_thread_lock=not block,
+        quiet=not block if quiet is None else quiet,
+        css=CSS,
+        js=ESCAPE_STOPS,
+    )
+    return demo

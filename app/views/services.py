@@ -1,0 +1,148 @@
+"""What every view shares: the catalog as offered here, the engine manager, the video decoders,
+and the steps from a user's message to a measured reply. Nothing here lays out a page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app import compare
+from app.cards import ModelCard
+from app.config import Settings
+from app.conversation import ConversationError, Turn, check_fits, engine_messages, user_message
+from app.engine import EngineManager, SamplingSettings, card_sampling
+from app.media import VideoDecoderPool
+from app.replies import Reply, stream_reply
+from app.sessions import SessionStore
+
+MAX_TOKENS_SLIDER = 4096
+WARNING = "⚠️ "
+
+
+@dataclass(frozen=True)
+class Choice:
+    card: ModelCard
+    reason: str  # why it cannot be served here; empty when it can
+
+    @property
+    def label(self) -> str:
+        return f"{self.card.family} · {self.card.display_name}"
+
+
+class Playground:
+    """The app's pieces, shared by every browser session. Per-user data lives in each
+    session's `gr.State`."""
+
+    def __init__(self, manager: EngineManager, settings: Settings, decoder: VideoDecoderPool) -> None:
+        self.manager = manager
+        self.settings = settings
+        self.decoder = decoder
+        catalog = manager.cards
+        remote = compare.remote_keys(catalog, settings.remote_engines)
+        choices = [
+            Choice(
+                card, card.availability(settings.gpu_count, settings.allow_remote_code, key in remote).reason
+            )
+            for key, card in catalog.items()
+        ]
+        # Servable models first (the demo family before the rest), then each family together.
+        choices.sort(
+            key=lambda c: (bool(c.reason), c.card.family != "Demo", c.card.family, c.card.display_name)
+        )
+        self.choices = {choice.card.key: choice for choice in choices}
+        self.default_model = settings.default_model or next(
+            (key for key, choice in self.choices.items() if not choice.reason), None
+        )
+        # Each browser tab's conversations, kept across a reload and deleted when it is gone.
+        self.sessions = SessionStore(settings.reload_grace_s, settings.session_ttl_s)
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def close(self, timeout_s: float = 120) -> None:
+        """Deletes every session's files and shuts the engines down on the server's loop, if
+        it still runs (called at exit)."""
+        self.sessions.close()
+        if self.loop is not None and self.loop.is_running():
+            asyncio.run_coroutine_threadsafe(self.manager.close(), self.loop).result(timeout_s)
+
+    def servable(self, key: str | None) -> ModelCard:
+        """The card for a model a user picked; refuses anything the operator does not serve."""
+        choice = self.choices.get(key or "")
+        if choice is None:
+            raise ConversationError("Pick a model from the list first.")
+        if choice.reason:
+            raise ConversationError(f"{choice.card.display_name} cannot be served here: {choice.reason}.")
+        return choice.card
+
+    def status_line(self, key: str | None) -> str:
+        choice = self.choices.get(key or "")
+        if choice is None:
+            return ""
+        if choice.reason:
+            return f"**State:** unavailable: {choice.reason}"
+        return f"**State:** {self.manager.status(key).describe()}"
+
+    def sampling(
+        self, card: ModelCard, temperature: Any, top_p: Any, max_tokens: Any, seed: Any
+    ) -> SamplingSettings:
+        """The sampling asked for, checked against what the page's controls allow (the API takes
+        no more). A value left empty (the API's None) takes the card's default, then the app's."""
+        sampling = SamplingSettings(
+            temperature=None if temperature is None else float(temperature),
+            top_p=None if top_p is None else float(top_p),
+            max_tokens=None if max_tokens is None else int(max_tokens),
+            seed=int(seed) if seed else None,  # 0 or empty: a random seed
+        )
+        within_page_bounds(card, sampling)
+        return sampling
+
+    async def prompt_for(
+        self, card: ModelCard, turns: list[Turn], system: str | None, clips: dict[Path, Any] | None = None
+    ) -> tuple[list[dict[str, Any]], int]:
+        """The engine's messages for `turns` and their size; refuses what will not fit. The
+        system prompt is dropped for formats without one (its box is disabled there)."""
+        system = system if card.takes_system_prompt else ""
+        messages = await engine_messages(turns, system, self.decoder, card.video_frames, clips)
+        return messages, check_fits(card, messages)
+
+    def reply_stream(
+        self, card: ModelCard, messages: list[dict[str, Any]], sampling: SamplingSettings, reply: Reply
+    ) -> AsyncIterator[Reply]:
+        """`card`'s answer streamed into `reply` (closing it stops the answer in the engine)."""
+        self.loop = asyncio.get_running_loop()
+        reply.sampling = describe_sampling(sampling.for_card(card))
+        return stream_reply(self.manager, card, messages, sampling, reply)
+
+
+def page_max_tokens(card: ModelCard | None) -> int:
+    """The longest answer the page offers for `card`: the slider's end, or the card's default
+    where that is longer (DeepSeek-OCR's 8192)."""
+    default = card_sampling(card).max_tokens if card is not None else None
+    return max(MAX_TOKENS_SLIDER, default or 0)
+
+
+def within_page_bounds(card: ModelCard, sampling: SamplingSettings) -> None:
+    """The API takes what the page's controls take: no answer longer than the slider allows."""
+    sampling.check()
+    if sampling.max_tokens is not None and sampling.max_tokens > page_max_tokens(card):
+        raise ConversationError(
+            f"Max tokens is {sampling.max_tokens:,}; this page allows at most "
+            f"{page_max_tokens(card):,} for {card.display_name}: ask for fewer."
+        )
+
+
+def describe_sampling(sampling: SamplingSettings) -> dict[str, Any]:
+    return {
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "max_tokens": sampling.max_tokens,
+        "seed": "random" if sampling.seed is None else sampling.seed,
+    }
+
+
+def refusal(error: Exception) -> str:
+    """The line shown above the input box when a message is refused or an answer fails."""
+    return WARNING + user_message(error)

@@ -1,0 +1,85 @@
+"""Controls more than one view uses: the message box, the sampling controls, the examples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from app.cards import ModelCard
+from app.engine import SamplingSettings, card_sampling
+from app.views.services import page_max_tokens
+
+STATIC = Path(__file__).resolve().parent.parent.parent / "static"
+EXAMPLES = STATIC / "examples"
+SYSTEM_HINT = "Optional; used where the model's prompt format has a system prompt"
+# The message box while an answer streams: its Send button becomes Stop (Escape clicks it),
+# and what the user types meanwhile stays in the box for the next message.
+STREAMING = {"submit_btn": False, "stop_btn": True}
+IDLE = {"submit_btn": True, "stop_btn": False}
+
+
+def message_box(elem_id: str, placeholder: str) -> gr.MultimodalTextbox:
+    return gr.MultimodalTextbox(
+        elem_id=elem_id,
+        file_count="multiple",
+        file_types=["image", "video"],
+        placeholder=placeholder,
+        show_label=False,
+        **IDLE,
+    )
+
+
+def box_streaming(**value: Any) -> gr.MultimodalTextbox:
+    return gr.MultimodalTextbox(**value, **STREAMING)
+
+
+def box_idle(**value: Any) -> gr.MultimodalTextbox:
+    return gr.MultimodalTextbox(**value, **IDLE)
+
+
+def sampling_controls(prefix: str, card: ModelCard | None = None) -> list[Any]:
+    """Temperature, top-p, max tokens and seed, starting at `card`'s defaults (else the app's)."""
+    defaults = card_sampling(card) if card is not None else SamplingSettings().for_card(None)
+    with gr.Accordion("Sampling", open=False, elem_id=f"{prefix}-sampling"):
+        return [
+            gr.Slider(
+                0.0,
+                2.0,
+                value=defaults.temperature,
+                step=0.05,
+                label="Temperature",
+                elem_id=f"{prefix}-temperature",
+            ),
+            gr.Slider(0.05, 1.0, value=defaults.top_p, step=0.05, label="Top-p"),
+            gr.Slider(
+                16,
+                page_max_tokens(card),
+                value=defaults.max_tokens,
+                step=16,
+                label="Max tokens",
+                elem_id=f"{prefix}-max-tokens",
+            ),
+            # Seeds are whole numbers from 0; 0 asks for a random one.
+            gr.Number(value=0, minimum=0, precision=0, label="Seed (0: random)", elem_id=f"{prefix}-seed"),
+        ]
+
+
+def example_messages() -> list[list[dict[str, Any]]]:
+    return [
+        [
+            {
+                "text": "What shapes do you see, and what colour is each?",
+                "files": [str(EXAMPLES / "shapes.png")],
+            }
+        ],
+        [{"text": "Which bar is the tallest?", "files": [str(EXAMPLES / "bar_chart.png")]}],
+        [{"text": "Describe how the ball moves.", "files": [str(EXAMPLES / "bouncing_ball.mp4")]}],
+        [
+            {
+                "text": "Compare these two pictures.",
+                "files": [str(EXAMPLES / "shapes.png"), str(EXAMPLES / "bar_chart.png")],
+            }
+        ],
+    ]

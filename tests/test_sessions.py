@@ -1,0 +1,122 @@
+"""Tabs' sessions: a reload finds its conversation, a closed tab's files go, and nothing is
+kept past its bounds, whatever tabs open, reload, close or go silent, and in whatever order.
+Real folders and files; the clock is the test's."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.conversation import SESSION_FOLDER_PREFIX, Session
+from app.sessions import SessionStore
+
+GRACE_S, TTL_S = 30.0, 600.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# Steps: a tab (0-3) opens or reloads, closes, uses its chat; or time passes.
+STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("load"), st.integers(0, 3)),
+        st.tuples(st.just("close"), st.integers(0, 3)),
+        st.tuples(st.just("use"), st.integers(0, 3)),
+        st.tuples(st.just("wait"), st.sampled_from([1.0, 10.0, GRACE_S, 200.0, TTL_S])),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=STEPS)
+def test_a_tab_keeps_its_conversation_across_reloads_and_its_files_go_within_bounds(
+    steps: list[tuple[str, float]], tmp_path_factory
+):
+    upload_root = tmp_path_factory.mktemp("uploads")
+    clock = Clock()
+    store = SessionStore(
+        GRACE_S, TTL_S, clock, scratch=tmp_path_factory.mktemp("scratch"), upload_root=upload_root
+    )
+    tokens: dict[int, str] = {}  # the tab's sessionStorage
+    pages: dict[int, str] = {}  # the tab's live Gradio session
+    folders: dict[str, Path] = {}
+    last_seen: dict[str, float] = {}  # when a token last had a page or was used
+    closed_at: dict[str, float] = {}
+    serial = 0
+    for action, value in steps:
+        tab = int(value)
+        if action == "load":
+            if tab in pages:
+                store.detach(pages[tab])  # a reload ends the old page
+            serial += 1
+            pages[tab] = f"page-{serial}"
+            before = tokens.get(tab)
+            token, visit = store.attach(before, pages[tab])
+            if before in folders and before == token:
+                assert visit.chat.folder == folders[before]  # a reload finds its conversation
+            tokens[tab] = token
+            closed_at.pop(token, None)
+            last_seen[token] = clock.now
+        elif action == "close" and tab in pages:
+            store.detach(pages.pop(tab))
+            closed_at[tokens[tab]] = clock.now
+            tokens.pop(tab)  # a closed tab's sessionStorage is gone
+        elif action == "use" and tab in pages:
+            visit = store.visits.get(tokens[tab])
+            if visit is not None:
+                upload = upload_root / f"upload-{serial}-{tab}.png"
+                upload.write_bytes(b"png")
+                visit.chat.keep(upload)
+                store.touch(visit)
+                folders[tokens[tab]] = visit.chat.folder
+                last_seen[tokens[tab]] = clock.now
+        elif action == "wait":
+            clock.now += value
+            store.sweep()
+        for token, folder in folders.items():
+            live = token in store.visits
+            if token in closed_at and clock.now - closed_at[token] >= GRACE_S:
+                assert not live and not folder.exists()  # a closed tab's files go after the grace
+            if clock.now - last_seen[token] >= TTL_S:
+                assert not live and not folder.exists()  # nothing outlives the TTL
+            if token in tokens.values() and clock.now - last_seen[token] < TTL_S:
+                assert live  # an open tab's conversation stays
+    store.close()
+    assert not any(folder.exists() for folder in folders.values())
+    assert not list(upload_root.iterdir()), "the uploads a session sent are deleted with it"
+
+
+def test_folders_left_by_a_process_that_died_are_swept_once_old(tmp_path: Path):
+    store = SessionStore(GRACE_S, TTL_S, scratch=tmp_path)
+    old, recent = tmp_path / f"{SESSION_FOLDER_PREFIX}old", tmp_path / f"{SESSION_FOLDER_PREFIX}recent"
+    for folder in (old, recent):
+        folder.mkdir()
+        (folder / "0000.png").write_bytes(b"png")
+    stale = time.time() - TTL_S - 60
+    os.utime(old, (stale, stale))
+    unrelated = tmp_path / "someone-else"
+    unrelated.mkdir()
+    os.utime(unrelated, (stale, stale))
+    store.sweep()
+    assert not old.exists() and recent.exists() and unrelated.exists()
+
+
+def test_an_upload_gone_before_sending_is_one_line_to_attach_it_again(tmp_path: Path):
+    import pytest
+
+    from app.conversation import ConversationError
+
+    session = Session()
+    with pytest.raises(ConversationError, match=r"^photo\.png is no longer on the server.*attach it again"):
+        session.keep(tmp_path / "photo.png")
+    session.close()
