@@ -20,7 +20,7 @@ endif
 test: env
 	$(PY) -m ruff check app tests bench scripts
 	$(PY) -m ruff format --check app tests bench scripts
-	$(VENV)/bin/hadolint Dockerfile
+	$(VENV)/bin/hadolint Dockerfile Dockerfile.cpu
 	$(PY) -m pytest
 
 # Refreshes the README's screenshots (docs/screenshots/) from the browser tests; `make test`
@@ -31,7 +31,7 @@ screenshots: env
 lint: env
 	$(PY) -m ruff check app tests bench scripts
 	$(PY) -m ruff format --check app tests bench scripts
-	$(VENV)/bin/hadolint Dockerfile
+	$(VENV)/bin/hadolint Dockerfile Dockerfile.cpu
 
 format: env
 	$(PY) -m ruff check --fix app tests bench scripts

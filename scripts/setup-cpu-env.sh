@@ -10,7 +10,8 @@ STAMP="$VENV/.cpu-env-ready"
 
 # The browser tests drive Debian's Chromium through Playwright (Playwright's own browser
 # download is not reachable from these machines).
-if [ ! -x /usr/bin/chromium ]; then
+# SKIP_BROWSER=1 (the CPU Docker image) leaves it out.
+if [ -z "${SKIP_BROWSER:-}" ] && [ ! -x /usr/bin/chromium ]; then
   SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
   $SUDO apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
