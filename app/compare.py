@@ -44,11 +44,13 @@ async def run(
     messages_for: Callable[[ModelCard], Any],
     clock: Callable[[], float] = time.monotonic,
     refresh_s: float = 0.2,
+    media: Sequence[str] = (),
 ) -> AsyncIterator[Comparison]:
     """Streams every model's answer into `comparison.columns`, yielding it as it changes.
-    `messages_for(card)` is awaited for each model's conversation (frames differ per model).
-    Closing the generator stops every answer in its engine."""
-    comparison.columns = [Reply.of(card) for card in cards]
+    `messages_for(card)` is awaited for each model's conversation (frames differ per model);
+    `media` describes the files sent, for every column. Closing the generator stops every
+    answer in its engine."""
+    comparison.columns = [Reply.of(card, media=list(media)) for card in cards]
     columns = {column.key: column for column in comparison.columns}
     changed = asyncio.Event()
 

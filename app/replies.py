@@ -80,6 +80,16 @@ class Reply:
         return " · ".join(facts)
 
 
+def describe_sampling(sampling: SamplingSettings) -> dict[str, Any]:
+    """Sampling settings as users are told them (with every value filled, `for_card`)."""
+    return {
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "max_tokens": sampling.max_tokens,
+        "seed": "random" if sampling.seed is None else sampling.seed,
+    }
+
+
 async def stream_reply(
     manager: EngineManager,
     card: ModelCard,
@@ -95,6 +105,7 @@ async def stream_reply(
     ready_at = started
     first_token_at: float | None = None
     reply.state = "starting"
+    reply.sampling = describe_sampling(sampling.for_card(card))
     try:
         async with contextlib.aclosing(manager.stream(card.key, messages, sampling)) as events:
             async for event in events:

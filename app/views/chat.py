@@ -65,13 +65,11 @@ class ChatView:
             yield conversation(session), box_idle(value=message), refusal(error), gr.skip()
             return
         session.turns.append(turn)
-        failed = False
         async for update in self.answer(
             card, session, turn, messages, sampling, size, box_streaming(value=None)
         ):
-            failed = failed or bool(update[2])
             yield update
-        if failed:
+        if turn.reply is not None and turn.reply.state == "failed":
             session.turns.remove(turn)  # the message goes back to the box, to send again
             yield conversation(session), box_idle(value=message), gr.skip(), gr.skip()
 
@@ -93,10 +91,10 @@ class ChatView:
             return
         previous = turn.reply
         async for update in self.answer(card, session, turn, messages, sampling, size, box_streaming()):
-            if update[2]:
-                turn.reply = previous  # the old answer rather than none
-                update = (conversation(session), *update[1:])
             yield update
+        if turn.reply is not None and turn.reply.state == "failed":
+            turn.reply = previous  # the old answer rather than none
+            yield conversation(session), gr.skip(), gr.skip(), gr.skip()
 
     async def answer(
         self,
@@ -109,8 +107,8 @@ class ChatView:
         box: gr.MultimodalTextbox,
     ) -> AsyncIterator[tuple[Any, ...]]:
         """Streams `card`'s answer into `turn`. Yields (chat, box, notice, size line); a
-        failure ends with its notice. The stop button closes the stream, which aborts the
-        request in the engine."""
+        failure ends with its notice and leaves the reply "failed". The stop button closes the
+        stream, which aborts the request in the engine."""
         session.stop_requested = False
         sent = [
             media for earlier in session.turns[: session.turns.index(turn) + 1] for media in earlier.media
@@ -126,6 +124,7 @@ class ChatView:
                         break
                     yield conversation(session), gr.skip(), "", gr.skip()
         except Exception as error:
+            turn.reply.state = "failed"
             yield conversation(session), box_idle(), refusal(error), gr.skip()
             return
         yield conversation(session), box_idle(), "", size_line(card, size, turn.reply.prompt_tokens or None)

@@ -18,7 +18,7 @@ from app.compare import Comparison
 from app.conversation import ConversationError, Session, check_media, make_turn
 from app.sessions import Visit
 from app.views.chat import NO_VISIT, PRIVATE
-from app.views.services import WARNING, Playground, describe_sampling, refusal
+from app.views.services import WARNING, Playground, refusal, within_page_bounds
 from app.views.widgets import SYSTEM_HINT, box_idle, box_streaming, message_box, sampling_controls
 
 
@@ -41,8 +41,9 @@ class CompareView:
                 raise ConversationError(
                     f"Pick {compare.MIN_MODELS} to {compare.MAX_MODELS} models to compare."
                 )
-            # Checked against each model's bounds; the values are the same for all.
-            sampling = {card.key: self.playground.sampling(card, *controls) for card in cards}[cards[0].key]
+            sampling = self.playground.sampling(cards[0], *controls)
+            for card in cards[1:]:
+                within_page_bounds(card, sampling)  # the same values, each model's bounds
             session.close()
             turn, clip = await make_turn(session, text, files, self.playground.decoder, cards[0].video_frames)
         except Exception as error:
@@ -69,12 +70,9 @@ class CompareView:
         sent = sent_view(comparison, turn.media)
         box = box_streaming(value=None)
         async with contextlib.aclosing(
-            compare.run(self.playground.manager, comparison, cards, messages_for)
+            compare.run(self.playground.manager, comparison, cards, messages_for, media=turn.media)
         ) as run:
             async for update in run:
-                for column, card in zip(update.columns, cards, strict=True):
-                    column.media = turn.media
-                    column.sampling = describe_sampling(sampling.for_card(card))
                 yield *columns_view(update), sent, box, "", gr.skip(), gr.skip()
                 sent, box = gr.skip(), gr.skip()
                 if session.stop_requested:

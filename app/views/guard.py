@@ -93,26 +93,30 @@ class Guard:
         return _replay({"type": "http.request", "body": body, "more_body": False}, receive)
 
     def _to_wire(self, scope: Scope, send: Send) -> Send:
-        """Answers with the folder written as the wire name; a refused file's answer names none."""
+        """Answers with the folder written as the wire name. A file's own bytes are served as
+        they are (never scanned or changed); a refused file's answer names no path."""
         folder = self.folder
+        is_file = scope["path"].startswith(f"{API}/file=")
         state: dict[str, Any] = {}
 
         async def send_to_wire(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status = message["status"]
-                if status in (403, 404) and scope["path"].startswith(f"{API}/file="):
+                if is_file and status in (403, 404):
                     state["refused"] = True
                     body = b"This file is not available."
                     headers = [(b"content-type", b"text/plain; charset=utf-8")]
                     await send({"type": "http.response.start", "status": status, "headers": headers})
                     await send({"type": "http.response.body", "body": body})
                     return
-                headers = [(n, v) for n, v in message.get("headers", []) if n != b"content-length"]
-                message = {**message, "headers": headers}
+                if not is_file:  # the body's length changes where the folder is renamed
+                    headers = [(n, v) for n, v in message.get("headers", []) if n != b"content-length"]
+                    message = {**message, "headers": headers}
             elif message["type"] == "http.response.body":
                 if state.get("refused"):
                     return
-                message = {**message, "body": message.get("body", b"").replace(folder, WIRE_NAME)}
+                if not is_file:
+                    message = {**message, "body": message.get("body", b"").replace(folder, WIRE_NAME)}
             await send(message)
 
         return send_to_wire

@@ -113,7 +113,6 @@ class Playground:
     ) -> AsyncIterator[Reply]:
         """`card`'s answer streamed into `reply` (closing it stops the answer in the engine)."""
         self.loop = asyncio.get_running_loop()
-        reply.sampling = describe_sampling(sampling.for_card(card))
         return stream_reply(self.manager, card, messages, sampling, reply)
 
 
@@ -132,15 +131,6 @@ def within_page_bounds(card: ModelCard, sampling: SamplingSettings) -> None:
             f"Max tokens is {sampling.max_tokens:,}; this page allows at most "
             f"{page_max_tokens(card):,} for {card.display_name}: ask for fewer."
         )
-
-
-def describe_sampling(sampling: SamplingSettings) -> dict[str, Any]:
-    return {
-        "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
-        "max_tokens": sampling.max_tokens,
-        "seed": "random" if sampling.seed is None else sampling.seed,
-    }
 
 
 def refusal(error: Exception) -> str:
