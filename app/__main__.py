@@ -25,7 +25,7 @@ from pathlib import Path
 
 from app.cards import CardError, ModelCard, load_cards, servable_cards
 from app.config import Settings, SettingsError, add_flags, from_command_line
-from app.demo import DEMO_TWINS, default_demo_dir, demo_cards, use_local_vllm_environment
+from app.demo import DEMO_MODELS, default_demo_dir, demo_cards, use_local_vllm_environment
 from app.shutdown import ENGINES_CLOSE_S, Shutdown
 
 # Small, strong models to select at start on a GPU machine, best first.
@@ -43,7 +43,7 @@ def catalog_rows(cards: dict[str, ModelCard], settings: Settings) -> list[tuple[
         media = ", ".join(card.modalities) + (" (several images)" if card.multi_image else "")
         status = "yes" if availability.available else f"no: {availability.reason}"
         # A twin's folder is a path on this server: named by the repository it copies.
-        repository = card.source if card.twin_of else card.hf_repo
+        repository = card.source if card.made_here else card.hf_repo
         rows.append((card.key, card.display_name, repository, media, status))
     return rows
 
@@ -84,7 +84,7 @@ def with_demo_models(cards: dict[str, ModelCard], settings: Settings) -> dict[st
 
 def offered(cards: dict[str, ModelCard], settings: Settings) -> dict[str, ModelCard]:
     """The cards the operator offers (APP_MODELS; all when empty), the demo models included."""
-    return {k: c for k, c in cards.items() if not settings.models or k in settings.models or k in DEMO_TWINS}
+    return {k: c for k, c in cards.items() if not settings.models or k in settings.models or k in DEMO_MODELS}
 
 
 def default_model(cards: dict[str, ModelCard], settings: Settings) -> str | None:
@@ -92,7 +92,7 @@ def default_model(cards: dict[str, ModelCard], settings: Settings) -> str | None
     if settings.default_model:
         return settings.default_model
     servable = servable_cards(cards, settings.gpu_count, settings.allow_remote_code, settings.remote_engines)
-    preferred = [k for k in (*PREFERRED_DEFAULTS, *DEMO_TWINS) if k in servable]
+    preferred = [k for k in (*PREFERRED_DEFAULTS, *DEMO_MODELS) if k in servable]
     return next(iter(preferred or servable), None)
 
 
@@ -189,7 +189,7 @@ def print_catalog(cards: dict[str, ModelCard], settings: Settings, available_onl
     """`--list`: a header, then what the app would offer on this machine (APP_MODELS), the demo
     models first where they are what it serves, each with whether it can be served and why not."""
     offer = offered(with_demo_models(cards, settings), settings)
-    demo = {k: c for k, c in offer.items() if k in DEMO_TWINS}
+    demo = {k: c for k, c in offer.items() if k in DEMO_MODELS}
     rows = catalog_rows(demo, settings) + catalog_rows(
         {k: c for k, c in offer.items() if k not in demo}, settings
     )

@@ -123,17 +123,17 @@ class ModelCard(StrictModel):
     # Tokens per image or frame for the size check; by default derived from the engine arguments.
     visual_tokens: VisualTokens | None = None
     unsupported_reason: str | None = None
-    # For a random-weight twin (the demo models): the real repository it copies. `hf_repo` is
-    # then a folder on this server, which users are never shown.
-    twin_of: str | None = None
+    # For a model made on this machine (the demo models): where it comes from, in words. Its
+    # `hf_repo` is then a folder on this server, which users are never shown.
+    made_here: str | None = None
 
     _prompt_spec: Spec = PrivateAttr()
 
     @property
     def source(self) -> str:
         """Where the model comes from, as users are told: the repository (and revision)."""
-        if self.twin_of:
-            return f"a random-weight twin of {self.twin_of}"
+        if self.made_here:
+            return self.made_here
         return self.hf_repo + (f" @ {self.revision}" if self.revision else "")
 
     @model_validator(mode="after")

@@ -12,9 +12,15 @@ from collections.abc import MutableMapping
 from pathlib import Path
 
 from app.cards import ModelCard
+from app.seeing_model import SEEING_KEY
 
 # Demo card key -> the catalog card it is a twin of.
 DEMO_TWINS = {"demo_qwen2_vl": "qwen2_vl", "demo_llava": "llava"}
+# The seeing demo model (`app.seeing_model`), trained by `scripts/train_seeing_model.py`; its
+# weights are in the repository (a few MB), so the app starts without training it.
+SEEING_FOLDER = Path(__file__).resolve().parent.parent / "static" / "seeing-model"
+# Every demo model, the one that answers meaningfully first.
+DEMO_MODELS = (SEEING_KEY, *DEMO_TWINS)
 
 
 def default_demo_dir() -> Path:
@@ -34,7 +40,7 @@ def twin_card(card: ModelCard, folder: Path, key: str | None = None) -> ModelCar
         display_name=f"{card.display_name}: random-weight twin",
         family="Demo",
         hf_repo=folder_text,
-        twin_of=card.hf_repo,
+        made_here=f"a random-weight twin of {card.hf_repo}",
         reference=f"twin of {card.key} ({card.hf_repo}) built by app.twins; {card.reference}",
         reference_engine_args={**args, "load_format": "dummy"},
         runs_on_cpu=True,
@@ -49,10 +55,13 @@ def twin_card(card: ModelCard, folder: Path, key: str | None = None) -> ModelCar
 
 
 def demo_cards(cards: dict[str, ModelCard], root: Path) -> dict[str, ModelCard]:
-    """The demo models' cards, their twins built into `root` once (about a second each)."""
+    """The demo models' cards: the seeing model, and the twins built into `root` once (about a
+    second each)."""
+    from app.seeing_model import seeing_card
     from app.twins import build_twin  # transformers is imported only here
 
-    return {key: twin_card(cards[of], build_twin(cards[of], root), key) for key, of in DEMO_TWINS.items()}
+    twins = {key: twin_card(cards[of], build_twin(cards[of], root), key) for key, of in DEMO_TWINS.items()}
+    return {SEEING_KEY: seeing_card(cards["qwen2_vl"], SEEING_FOLDER), **twins}
 
 
 def use_local_vllm_environment(scratch: Path, environ: MutableMapping[str, str] = os.environ) -> None:

@@ -8,6 +8,8 @@ The files are committed; run this only to change them. They are dedicated to the
 
 from __future__ import annotations
 
+import random
+import sys
 from fractions import Fraction
 from pathlib import Path
 
@@ -15,7 +17,12 @@ import av
 import numpy as np
 from PIL import Image, ImageDraw
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "static" / "examples"
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from app.shapes import Drawn, clip, picture  # noqa: E402
+
+EXAMPLES = ROOT / "static" / "examples"
 
 
 def shapes(path: Path) -> None:
@@ -65,11 +72,32 @@ def bouncing_ball(path: Path, seconds: int = 4, fps: int = 12) -> None:
             container.mux(packet)
 
 
+def seeing_examples(folder: Path) -> None:
+    """Pictures and a clip the seeing demo model (`app.seeing_model`) answers about: drawn as it
+    was trained to see (`app.shapes`), at sizes it never saw."""
+    rng = random.Random(5)  # noqa: S311 (drawing, seeded to be reproducible)
+    picture(rng, [Drawn("blue", "triangle", "right")], (240, 160)).save(folder / "one_shape.png")
+    three = [Drawn(c, s, "left") for c, s in [("red", "circle"), ("yellow", "square"), ("black", "triangle")]]
+    picture(rng, three, (300, 120)).save(folder / "three_shapes.png")
+    picture(rng, [Drawn("green", "square", "left")], (200, 200)).save(folder / "green_square.png")
+    frames = clip(rng, "yellow", "red")
+    with av.open(str(folder / "colour_change.mp4"), mode="w") as container:
+        stream = container.add_stream("libx264", rate=2)
+        stream.height, stream.width = frames.shape[1:3]
+        stream.pix_fmt = "yuv420p"
+        for frame in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+
+
 def main() -> None:
     EXAMPLES.mkdir(parents=True, exist_ok=True)
     shapes(EXAMPLES / "shapes.png")
     bar_chart(EXAMPLES / "bar_chart.png")
     bouncing_ball(EXAMPLES / "bouncing_ball.mp4")
+    seeing_examples(EXAMPLES)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from ports import free_port
 from app.__main__ import catalog_markdown, default_model, offered, with_demo_models
 from app.cards import CARDS_DIR, load_cards
 from app.config import Settings, env_name, flag_name
-from app.demo import DEMO_TWINS
+from app.demo import DEMO_MODELS, DEMO_TWINS
 
 ROOT = Path(__file__).resolve().parent.parent
 CARDS = load_cards()
@@ -81,8 +81,9 @@ def test_a_gpu_machine_defaults_to_a_small_strong_model_and_gets_no_demo_models(
 def test_a_machine_that_can_serve_nothing_gets_the_demo_models(tmp_path: Path):
     settings = Settings(gpu_count=0, demo_dir=tmp_path)
     cards = with_demo_models(CARDS, settings)
-    assert set(DEMO_TWINS) <= set(cards)
-    assert default_model(cards, settings) == "demo_qwen2_vl"
+    assert set(DEMO_MODELS) <= set(cards)
+    # The model that answers meaningfully first (the twins' answers are nonsense).
+    assert default_model(cards, settings) == "demo_seeing"
     assert (tmp_path / "qwen2_vl" / "config.json").exists()
     # The demo models are the real cards, served from their twins, and labelled so.
     for key, of in DEMO_TWINS.items():
@@ -124,6 +125,7 @@ def test_the_run_command_serves_the_page_with_labelled_demo_models(tmp_path: Pat
         text = json.dumps(config)
         assert "Qwen2-VL 7B Instruct: random-weight twin" in text
         assert "LLaVA 1.5 7B: random-weight twin" in text
+        assert "Shapes and colours: tiny demo model trained here" in text
         # Models this machine cannot serve are listed with the reason, not offered in the picker.
         assert "Qwen2.5-VL 3B Instruct**: needs an NVIDIA GPU" in text
     finally:
@@ -204,7 +206,7 @@ def test_the_list_has_a_header_and_the_demo_models_a_machine_without_a_gpu_serve
     header, *rows = listing.stdout.splitlines()
     assert header.split() == ["key", "model", "repository", "media", "available"]
     served = {row.split()[0] for row in rows if row.rstrip().endswith(" yes")}
-    assert served == set(DEMO_TWINS)
+    assert served == set(DEMO_MODELS)
     why_not = "no: needs an NVIDIA GPU; this machine has none"
     assert any(row.startswith("llava ") and why_not in row for row in rows)
     # The demo models are named by the repositories they copy, not by folders on this server.
@@ -214,7 +216,7 @@ def test_the_list_has_a_header_and_the_demo_models_a_machine_without_a_gpu_serve
     assert available.returncode == 0, available.stderr
     header, *rows = available.stdout.splitlines()
     assert header.split()[0] == "key"
-    assert {row.split()[0] for row in rows if row.strip() and not row.startswith(" ")} >= set(DEMO_TWINS)
+    assert {row.split()[0] for row in rows if row.strip() and not row.startswith(" ")} >= set(DEMO_MODELS)
     assert not any(row.startswith("llava ") for row in rows)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -28,8 +29,11 @@ from ports import free_port
 
 from app.cards import ModelCard, load_cards
 from app.config import Settings
+from app.demo import SEEING_FOLDER
 from app.engine import EngineManager, SamplingSettings
 from app.media import VideoDecoderPool
+from app.seeing_model import SEEING_KEY, seeing_card
+from app.shapes import Drawn, picture
 from app.views import Playground, build, launch
 from app.views.chat import WAITING
 from app.vllm_engine import VllmEngineFactory
@@ -76,7 +80,9 @@ class RecordingFactory(VllmEngineFactory):
 
         def to_max_tokens(card: Any, messages: Any, sampling: SamplingSettings, request_id: str) -> Any:
             self.asked.append(messages)
-            return generate(card, messages, replace(sampling, ignore_eos=True), request_id)
+            if card.key != SEEING_KEY:  # the trained model's answers end where it ends them
+                sampling = replace(sampling, ignore_eos=True)
+            return generate(card, messages, sampling, request_id)
 
         engine.generate = to_max_tokens
         self.engines[card.key] = engine
@@ -106,6 +112,7 @@ def served(tiny_cards: dict[str, ModelCard]) -> Iterator[tuple[Playground, str, 
         GREEDY: tiny_cards["tiny-a"].model_copy(
             update={"key": GREEDY, "display_name": "Greedy twin", "sampling_defaults": greedy}
         ),
+        SEEING_KEY: seeing_card(load_cards()["qwen2_vl"], SEEING_FOLDER),
         **load_cards(),
     }
     factory = RecordingFactory(settings)
@@ -389,6 +396,33 @@ def test_a_closed_tab_leaves_no_files_behind(
     page.context.close()
     poll(lambda: not folder.exists(), 120)
     assert token not in sessions.visits and not any(upload.exists() for upload in uploads)
+
+
+def test_the_seeing_demo_model_answers_about_the_picture_sent_in_the_page_and_the_api(
+    page: Page, served: tuple[Playground, str, RecordingFactory], tmp_path: Path
+):
+    """The pixels a user sends through the page (and the API) are the pixels the model sees."""
+    from gradio_client import Client, handle_file
+
+    pictures = {}
+    for colour, side in (("red", "left"), ("blue", "right")):
+        pictures[colour] = tmp_path / f"{colour}.png"
+        picture(random.Random(3), [Drawn(colour, "square", side)], (240, 180)).save(pictures[colour])
+    pick(page, "model", "Shapes and colours")
+    # Its examples come first: a picture of a blue triangle on the right.
+    page.get_by_text("What shape is it?", exact=True).first.click()
+    poll(lambda: page.locator("#chat-input textarea").input_value() == "What shape is it?")
+    page.press("#chat-input textarea", "Enter")
+    assert wait_for_answer(page, timeout_s=180).strip() == "triangle"
+    page.click("#clear")
+    poll(lambda: user_messages(page) == 0)
+    send(page, "What colour is the shape?", [pictures["red"]])
+    assert wait_for_answer(page, timeout_s=180).strip() == "red"
+    send(page, "Which side of the picture is the shape on?", [pictures["blue"]])
+    assert wait_for_answer(page, answers=2, timeout_s=60).strip() == "right"
+    client = Client(served[1], verbose=False)
+    message = {"text": "What colour is the shape?", "files": [handle_file(str(pictures["blue"]))]}
+    assert client.predict(message, SEEING_KEY, "", 0.0, 1.0, 16, None, api_name="/chat").strip() == "blue"
 
 
 def test_the_chats_own_trash_icon_clears_the_conversation_the_model_gets(

@@ -23,6 +23,7 @@ from app.conversation import (
 )
 from app.engine import SamplingSettings, card_sampling
 from app.replies import Reply
+from app.seeing_model import SEEING_KEY
 from app.sessions import Visit
 from app.views.services import Playground, page_max_tokens, refusal
 from app.views.widgets import (
@@ -229,7 +230,8 @@ class ChatView:
                     undo = gr.Button("Undo last turn", elem_id="undo", size="sm")
                     clear = gr.Button("Clear", elem_id="clear", size="sm")
                 size = gr.Markdown(elem_id="prompt-size")
-                gr.Examples(examples=example_messages(), inputs=[box], label="Examples")
+                seeing = any(key == SEEING_KEY for _, key in labels)
+                gr.Examples(examples=example_messages(seeing), inputs=[box], label="Examples")
         inputs, outputs = [visit, model, system, *sampling], [chatbot, box, notice, size]
         # A second Enter while an answer streams is sent when it ends (not dropped).
         sent = box.submit(

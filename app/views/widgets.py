@@ -66,8 +66,21 @@ def sampling_controls(prefix: str, card: ModelCard | None = None) -> list[Any]:
         ]
 
 
-def example_messages() -> list[list[dict[str, Any]]]:
-    return [
+# Questions the seeing demo model (`app.seeing_model`) answers, on files it never saw: first in
+# the examples where it is offered (a machine without a GPU), so the demo's answers mean something.
+SEEING_EXAMPLES = [
+    ("What shape is it?", ["one_shape.png"]),
+    ("Which side of the picture is the shape on?", ["one_shape.png"]),
+    ("How many shapes are there?", ["three_shapes.png"]),
+    ("What colour is the shape in the second picture?", ["one_shape.png", "green_square.png"]),
+    ("What colour does the clip end with?", ["colour_change.mp4"]),
+]
+
+
+def example_messages(seeing: bool = False) -> list[list[dict[str, Any]]]:
+    """The examples under the chat; with `seeing`, the seeing demo model's questions first."""
+    first = [[{"text": text, "files": [str(EXAMPLES / f) for f in files]}] for text, files in SEEING_EXAMPLES]
+    return (first if seeing else []) + [
         [
             {
                 "text": "What shapes do you see, and what colour is each?",

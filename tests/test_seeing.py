@@ -1,0 +1,206 @@
+"""The pixels a user sends are the pixels the model sees: the seeing demo model (trained here on
+shapes, `app.seeing_model`) answers about files these tests write, through the app's media
+pipeline (`app.conversation`: the kept file, EXIF, modes, the video decoding worker), its prompt
+format and engine manager, and the real vLLM engine on the CPU. A channel swap, a lost rotation,
+images out of order, an earlier turn's image answered for, shuffled or repeated frames: each
+gives a wrong answer here.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from app.cards import ModelCard, load_cards
+from app.config import Settings
+from app.conversation import Session, engine_messages, make_turn
+from app.engine import EngineManager
+from app.media import VideoDecoderPool
+from app.replies import Reply
+from app.seeing_model import SEEING_KEY, accuracy, ask, build_seeing_model, seeing_card
+from app.shapes import BACKGROUND, Drawn, picture
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+# Held-out questions per kind (another seed than training's), and the floor each kind must reach.
+PER_KIND, FLOOR = 40, 0.9
+
+
+COMMITTED = "committed"  # the weights in the repository, which the app serves
+
+
+@pytest.fixture(scope="module")
+def seeing() -> ModelCard:
+    """The model trained again by this code (the training is part of what is tested). Cached
+    between runs on one machine, and trained anew whenever the data or training code changes."""
+    from app.demo import default_demo_dir
+
+    qwen2_vl = load_cards()["qwen2_vl"]
+    return seeing_card(qwen2_vl, build_seeing_model(default_demo_dir(), qwen2_vl))
+
+
+@pytest.fixture(scope="module")
+def manager(loop, seeing: ModelCard) -> Iterator[EngineManager]:
+    from app.demo import SEEING_FOLDER
+    from app.vllm_engine import VllmEngineFactory
+
+    committed = seeing_card(load_cards()["qwen2_vl"], SEEING_FOLDER).model_copy(update={"key": COMMITTED})
+    settings = Settings(gpu_count=0, cpu_kv_cache_bytes=64 * 2**20, idle_unload_s=0, max_resident=1)
+    manager = EngineManager({SEEING_KEY: seeing, COMMITTED: committed}, settings, VllmEngineFactory(settings))
+    yield manager
+    loop.run(manager.close())
+
+
+@pytest.fixture(scope="module")
+def decoder() -> Iterator[VideoDecoderPool]:
+    pool = VideoDecoderPool(workers=1)
+    yield pool
+    pool.close()
+
+
+def answer(
+    loop,
+    manager: EngineManager,
+    decoder: VideoDecoderPool,
+    turns: list[tuple[str, list[Path]]],
+) -> str:
+    """The model's answer to the last of `turns` (text, files), each file kept and loaded by the
+    app's pipeline; earlier turns are answered first, as in a chat."""
+
+    async def chat() -> str:
+        session, kept = Session(), []
+        try:
+            for text, files in turns:
+                turn, clip = await make_turn(session, text, [str(f) for f in files], decoder, 8)
+                kept.append(turn)
+                messages = await engine_messages(kept, None, decoder, 8, {turn.video: clip} if clip else None)
+                said = await ask(manager, SEEING_KEY, messages)
+                turn.reply = Reply(SEEING_KEY, "seeing", "", answer=said)
+            return kept[-1].answer
+        finally:
+            session.close()
+
+    return loop.run(chat())
+
+
+def one_shape(colour: str, shape: str, side: str, size: tuple[int, int] = (200, 150)) -> Image.Image:
+    return picture(random.Random(1), [Drawn(colour, shape, side)], size)
+
+
+def test_held_out_accuracy_is_above_the_floor_for_every_question_kind(loop, manager: EngineManager):
+    scores = loop.run(accuracy(manager, SEEING_KEY, PER_KIND, seed=7))
+    print("held-out accuracy:", {kind: f"{score:.0%}" for kind, score in scores.items()})
+    assert all(score >= FLOOR for score in scores.values()), scores
+
+
+def test_the_committed_weights_the_app_serves_see_too(loop, manager: EngineManager):
+    scores = loop.run(accuracy(manager, COMMITTED, PER_KIND // 4, seed=11))
+    assert all(score >= FLOOR for score in scores.values()), scores
+
+
+def test_colours_are_not_swapped(loop, manager, decoder, tmp_path: Path):
+    """Red and blue swap places if a channel order is wrong anywhere (BGR from OpenCV)."""
+    for colour in ("red", "blue"):
+        path = tmp_path / f"{colour}.png"
+        one_shape(colour, "circle", "left").save(path)
+        assert answer(loop, manager, decoder, [("What colour is the shape?", [path])]) == colour
+
+
+def test_an_exif_rotation_is_applied(loop, manager, decoder, tmp_path: Path):
+    """Stored upside down with EXIF orientation 3: seen as taken, the shape is on the left."""
+    upright = one_shape("green", "square", "left")
+    stored = upright.rotate(180)
+    exif = Image.Exif()
+    exif[0x0112] = 3
+    path = tmp_path / "photo.jpg"
+    stored.save(path, quality=95, exif=exif)
+    assert answer(loop, manager, decoder, [("Which side of the picture is the shape on?", [path])]) == "left"
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "P", "I;16"])
+def test_png_modes_reach_the_model_as_drawn(loop, manager, decoder, tmp_path: Path, mode: str):
+    """Transparency (on white), a palette, and 16-bit grey."""
+    drawn = one_shape("black", "triangle", "right")
+    if mode == "RGBA":
+        pixels = np.asarray(drawn.convert("RGBA")).copy()
+        background = (pixels[..., :3] == BACKGROUND).all(axis=-1)
+        pixels[background] = (0, 0, 0, 0)  # transparent black: it must not come out black
+        image = Image.fromarray(pixels, "RGBA")
+    elif mode == "P":
+        image = drawn.convert("P", palette=Image.Palette.ADAPTIVE, colors=8)
+    else:
+        grey = np.asarray(drawn.convert("L"), dtype=np.uint16) * 257
+        image = Image.fromarray(grey.astype(np.uint16), "I;16")
+    path = tmp_path / f"{mode.replace(';', '')}.png"
+    image.save(path)
+    assert Image.open(path).mode == mode
+    assert answer(loop, manager, decoder, [("Which side of the picture is the shape on?", [path])]) == "right"
+    assert answer(loop, manager, decoder, [("What shape is it?", [path])]) == "triangle"
+
+
+def test_two_images_in_one_turn_keep_their_order(loop, manager, decoder, tmp_path: Path):
+    first, second = tmp_path / "first.png", tmp_path / "second.png"
+    one_shape("yellow", "circle", "left").save(first)
+    one_shape("blue", "square", "right").save(second)
+    files = [first, second]
+    assert (
+        answer(loop, manager, decoder, [("What colour is the shape in the first picture?", files)])
+        == "yellow"
+    )
+    assert (
+        answer(loop, manager, decoder, [("What colour is the shape in the second picture?", files)]) == "blue"
+    )
+    reversed_files = [second, first]
+    assert (
+        answer(loop, manager, decoder, [("What colour is the shape in the first picture?", reversed_files)])
+        == "blue"
+    )
+
+
+def test_the_answer_is_about_the_latest_turns_image(loop, manager, decoder, tmp_path: Path):
+    """An earlier turn's image stays in the conversation; the new question is about the new one."""
+    earlier, latest = tmp_path / "earlier.png", tmp_path / "latest.png"
+    one_shape("red", "circle", "left").save(earlier)
+    one_shape("green", "triangle", "right").save(latest)
+    turns = [("What colour is the shape?", [earlier]), ("What colour is the shape?", [latest])]
+    assert answer(loop, manager, decoder, turns) == "green"
+    assert answer(loop, manager, decoder, turns[:1]) == "red"
+
+
+def test_a_follow_up_without_a_picture_is_about_the_earlier_turns_picture(
+    loop, manager, decoder, tmp_path: Path
+):
+    """The second turn sends no file: the first turn's picture must still reach the model."""
+    path = tmp_path / "earlier.png"
+    one_shape("yellow", "triangle", "right").save(path)
+    first = ("What colour is the shape?", [path])
+    assert answer(loop, manager, decoder, [first, ("What shape is it?", [])]) == "triangle"
+    assert answer(loop, manager, decoder, [first, ("Is the shape on the left or the right?", [])]) == "right"
+
+
+def write_clip(path: Path, colours: list[str], frames_each: int = 12) -> None:
+    import av
+
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=12)
+        stream.width, stream.height, stream.pix_fmt = 160, 120, "yuv420p"
+        for colour in colours:
+            frame = np.asarray(one_shape(colour, "square", "left", (160, 120)))
+            for _ in range(frames_each):
+                for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                    container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+
+
+def test_a_clip_is_seen_in_order_from_start_to_end(loop, manager, decoder, tmp_path: Path):
+    """Through the decoding worker: frames shuffled, reversed or all the same give wrong answers."""
+    path = tmp_path / "clip.mp4"
+    write_clip(path, ["red", "blue"])
+    assert answer(loop, manager, decoder, [("What colour does the clip start with?", [path])]) == "red"
+    assert answer(loop, manager, decoder, [("What colour does the clip end with?", [path])]) == "blue"
