@@ -9,6 +9,7 @@ ENV APP_HOST=0.0.0.0 \
     HF_HOME=/data/huggingface \
     APP_HF_CACHE=/data/huggingface/hub \
     XDG_CACHE_HOME=/data/cache \
+    APP_DATA_DIR=/data/history \
     GRADIO_ANALYTICS_ENABLED=False \
     PYTHONUNBUFFERED=1
 

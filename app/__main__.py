@@ -22,11 +22,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.cards import CardError, ModelCard, load_cards, servable_cards
 from app.config import Settings, SettingsError, add_flags, from_command_line
 from app.demo import DEMO_MODELS, default_demo_dir, demo_cards, use_local_vllm_environment
 from app.shutdown import ENGINES_CLOSE_S, Shutdown
+
+if TYPE_CHECKING:  # SQLAlchemy is imported only to serve (not for --list)
+    from app.history import History
 
 # Small, strong models to select at start on a GPU machine, best first.
 PREFERRED_DEFAULTS = ("qwen2_5_vl", "qwen2_vl", "phi3_v", "llava")
@@ -96,7 +100,7 @@ def default_model(cards: dict[str, ModelCard], settings: Settings) -> str | None
     return next(iter(preferred or servable), None)
 
 
-def serve(cards: dict[str, ModelCard], settings: Settings) -> int:
+def serve(cards: dict[str, ModelCard], settings: Settings, history: History | None = None) -> int:
     """Builds the manager and the page, and serves until interrupted."""
     from app.engine import EngineManager
     from app.media import VideoDecoderPool
@@ -111,7 +115,7 @@ def serve(cards: dict[str, ModelCard], settings: Settings) -> int:
     shutdown.install()
     manager = EngineManager(cards, settings, VllmEngineFactory(settings))
     decoder = VideoDecoderPool()
-    playground = Playground(manager, settings, decoder)
+    playground = Playground(manager, settings, decoder, history)
     print(
         f"VLM Playground on http://{settings.host}:{settings.port} (default model: {settings.default_model})"
     )
@@ -162,7 +166,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {busy}", file=sys.stderr)
             return 2
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        return serve(with_demo_models(cards, settings), settings)
+        from app.history import open_history
+
+        try:
+            history = open_history(settings)
+        except SettingsError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        return serve(with_demo_models(cards, settings), settings, history)
     if args.markdown:
         print(catalog_markdown(cards), end="")
         return 0

@@ -413,6 +413,44 @@ class Settings(BaseSettings):
             "seconds an unused tab's conversation and files are kept", SECONDS, metavar="SECONDS", group="web"
         ),
     ] = 6 * 3600.0
+    # --- history (app.history) ---
+    data_dir: Annotated[
+        OptionalPath,
+        Doc(
+            "where the history database and the media users sent are kept",
+            "a folder",
+            default="~/.local/share/vlm-playground (/data in Docker)",
+            metavar="DIR",
+            group="history",
+        ),
+    ] = None
+    database_url: Annotated[
+        OptionalText,
+        Doc(
+            "the history database (PostgreSQL for several app processes)",
+            "a SQLAlchemy URL like postgresql+psycopg://user:password@host/db",
+            default="SQLite in the data folder",
+            metavar="URL",
+            group="history",
+        ),
+    ] = None
+    history: Annotated[
+        bool, Doc("store conversations (the sidebar's history)", FLAG, default="on", group="history")
+    ] = True
+    store_media: Annotated[
+        bool,
+        Doc("keep the files users send with stored conversations", FLAG, default="on", group="history"),
+    ] = True
+    media_retention_days: Annotated[
+        float,
+        Field(gt=0, allow_inf_nan=False),
+        Doc(
+            "days a sent file is kept (its thumbnail stays with the conversation)",
+            "days, a number above 0",
+            metavar="DAYS",
+            group="history",
+        ),
+    ] = 30.0
     max_upload_bytes: Annotated[
         Bytes,
         Doc(
@@ -469,6 +507,16 @@ class Settings(BaseSettings):
         except ValidationError as error:
             raise settings_error(error, given, given) from None
 
+    def history_folder(self) -> Path:
+        """The data folder: the setting, else the XDG data home's `vlm-playground`."""
+        if self.data_dir is not None:
+            return self.data_dir.expanduser()
+        home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+        return Path(home) / "vlm-playground"
+
+    def history_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.history_folder() / 'playground.db'}"
+
     def check_keys(self, catalog: Iterable[str]) -> None:
         """Refuses settings that name models the catalog does not have (a typo would otherwise
         silently leave a model on the wrong engine)."""
@@ -509,9 +557,10 @@ def settings_error(
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per setting, in two groups, each with its variable and its default in the help."""
+    """One flag per setting, in groups, each with its variable and its default in the help."""
     groups = {
         "web": parser.add_argument_group("web app (each flag overrides its APP_* variable)"),
+        "history": parser.add_argument_group("history (each flag overrides its APP_* variable)"),
         "engines": parser.add_argument_group("engines (each flag overrides its APP_* variable)"),
     }
     for name, field in Settings.model_fields.items():

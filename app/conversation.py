@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -67,8 +68,12 @@ class Turn:
     frames: list[tuple[Path, float]] = field(default_factory=list)
     # Each file as the user sent it: its name (never a server path), kind and size.
     media: list[str] = field(default_factory=list)
+    # The name the user gave each kept file (the history stores it, never the server path).
+    names: dict[Path, str] = field(default_factory=dict)
     # The model's answer and how it went; None until one is asked for.
     reply: Reply | None = None
+    # A comparison's answers, one per model (the compare tab's turn has these, not `reply`).
+    columns: list[Reply] = field(default_factory=list)
 
     @property
     def files(self) -> list[Path]:
@@ -86,6 +91,8 @@ class Session:
     when the session ends, so one user's uploads are never served to another."""
 
     turns: list[Turn] = field(default_factory=list)
+    # The conversation's id in the history (`app.history`); a cleared chat starts a new one.
+    conversation_id: str = field(default_factory=lambda: secrets.token_hex(16))
     # Set by the stop button; the streaming handler checks it at every event.
     stop_requested: bool = False
     # Where the web server keeps uploads: the uploads this session sent are deleted there too.
@@ -126,6 +133,7 @@ class Session:
             upload.unlink(missing_ok=True)
         self.uploads.clear()
         self.turns.clear()
+        self.conversation_id = secrets.token_hex(16)
 
 
 def is_video(path: str | Path) -> bool:
@@ -167,6 +175,7 @@ async def make_turn(
     clip = None
     for upload in files:
         kept = session.keep(upload)
+        turn.names[kept] = Path(upload).name
         size = f"{kept.stat().st_size / 1024:,.0f} KB"
         if is_video(kept):
             clip = await asyncio.to_thread(decoder.decode, kept, video_frames)

@@ -34,6 +34,8 @@ class Visit:
     chat: Session = field(default_factory=Session)
     compare: Session = field(default_factory=Session)
     chat_model: str | None = None  # the model picked in the chat, restored after a reload
+    # The browser's random id (kept in its localStorage): whose stored conversations these are.
+    browser_id: str = ""
     pages: set[str] = field(default_factory=set)  # Gradio session hashes attached now
     last_used: float = 0.0
     detached_at: float | None = None

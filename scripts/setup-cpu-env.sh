@@ -18,6 +18,18 @@ if [ -z "${SKIP_BROWSER:-}" ] && [ ! -x /usr/bin/chromium ]; then
   echo "Installed $(/usr/bin/chromium --version 2>/dev/null)"
 fi
 
+# The history tests start a private PostgreSQL server on loopback (tests/postgres.py) from
+# Debian's package. SKIP_POSTGRES=1 (the CPU Docker image) leaves it out.
+if [ -z "${SKIP_POSTGRES:-}" ] && ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
+  SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+  $SUDO apt-get update -qq >/dev/null
+  # Only the server's binaries: no cluster is created or started at install.
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql-common >/dev/null
+  $SUDO sed -i 's/^#\?create_main_cluster.*/create_main_cluster = false/' /etc/postgresql-common/createcluster.conf
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql >/dev/null
+  echo "Installed PostgreSQL $(ls /usr/lib/postgresql)"
+fi
+
 if [ -f "$STAMP" ] && cmp -s requirements-cpu.txt "$STAMP"; then
   exit 0
 fi

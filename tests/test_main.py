@@ -104,6 +104,7 @@ def test_the_run_command_serves_the_page_with_labelled_demo_models(tmp_path: Pat
     port = free_port()
     env = {**os.environ, "APP_GPU_COUNT": "0", "APP_PORT": str(port), "APP_DEMO_DIR": str(tmp_path / "demo")}
     env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    env["XDG_DATA_HOME"] = str(tmp_path / "data")  # where the history goes by default
     app = subprocess.Popen(
         [sys.executable, "-m", "app"],
         cwd=ROOT,
@@ -128,9 +129,23 @@ def test_the_run_command_serves_the_page_with_labelled_demo_models(tmp_path: Pat
         assert "Shapes and colours: tiny demo model trained here" in text
         # Models this machine cannot serve are listed with the reason, not offered in the picker.
         assert "Qwen2.5-VL 3B Instruct**: needs an NVIDIA GPU" in text
+        # The history database, migrated, in the data folder.
+        assert (tmp_path / "data" / "vlm-playground" / "playground.db").is_file()
     finally:
         app.terminate()
         app.wait(30)
+
+
+def test_a_history_database_that_cannot_be_opened_stops_the_app_with_one_line(tmp_path: Path):
+    url = "postgresql+psycopg://someone:secret@127.0.0.1:1/history"
+    env = {**os.environ, "APP_GPU_COUNT": "0", "APP_PORT": str(free_port()), "APP_DATABASE_URL": url}
+    run = subprocess.run(
+        [sys.executable, "-m", "app"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot open the history database"), lines
+    assert "secret" not in run.stderr and "Traceback" not in run.stderr
 
 
 def test_the_readme_catalog_table_matches_the_cards():

@@ -11,7 +11,8 @@ DOCKERFILE = (ROOT / "Dockerfile").read_text(encoding="utf-8")
 
 def pins(name: str) -> dict[str, str]:
     lines = (ROOT / name).read_text(encoding="utf-8").splitlines()
-    return dict(re.match(r"([\w.-]+)==(\S+)", line).groups() for line in lines if "==" in line)
+    # A package with extras (psycopg[binary]) is pinned under its own name.
+    return dict(re.match(r"([\w.-]+)(?:\[[\w,]+\])?==(\S+)", line).groups() for line in lines if "==" in line)
 
 
 def test_gpu_and_cpu_environments_pin_the_same_versions():

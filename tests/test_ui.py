@@ -31,6 +31,7 @@ from app.cards import ModelCard, load_cards
 from app.config import Settings
 from app.demo import SEEING_FOLDER
 from app.engine import EngineManager, SamplingSettings
+from app.history import History, sqlite_url
 from app.media import VideoDecoderPool
 from app.seeing_model import SEEING_KEY, seeing_card
 from app.shapes import Drawn, picture
@@ -90,7 +91,9 @@ class RecordingFactory(VllmEngineFactory):
 
 
 @pytest.fixture(scope="module")
-def served(tiny_cards: dict[str, ModelCard]) -> Iterator[tuple[Playground, str, RecordingFactory]]:
+def served(
+    tiny_cards: dict[str, ModelCard], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Playground, str, RecordingFactory]]:
     settings = Settings(
         gpu_count=0,
         port=free_port(),
@@ -118,7 +121,9 @@ def served(tiny_cards: dict[str, ModelCard]) -> Iterator[tuple[Playground, str, 
     factory = RecordingFactory(settings)
     manager = EngineManager(cards, settings, factory)
     decoder = VideoDecoderPool(workers=1)
-    playground = Playground(manager, settings, decoder)
+    data = tmp_path_factory.mktemp("history")
+    history = History(sqlite_url(data), data / "media")
+    playground = Playground(manager, settings, decoder, history)
     demo = launch(build(playground), settings, block=False)
     yield playground, f"http://127.0.0.1:{settings.port}/", factory
     playground.close()
@@ -621,6 +626,18 @@ def test_two_models_compared_side_by_side_and_exported(
         page.click("#export-md")
     markdown = Path(download.value.path()).read_text(encoding="utf-8")
     assert markdown.count("\n## ") == 2 and "Time to first token" in markdown
+    # Stored as it ended, listed in the history, and reopened into the compare tab.
+    history = served[0].history
+    assert history is not None
+    stored = poll(lambda: [s for s in history.list(browser_id(page)) if s.kind == "compare"])
+    assert stored[0].title == "Which shape is on the left?" and stored[0].model == f"{TINY_A},{TINY_B}"
+    answers = [page.inner_text(f"#compare-answer-{i}") for i in (0, 1)]
+    page.get_by_role("tab", name="Chat").click()
+    open_sidebar(page)
+    page.locator("#history-list label").filter(has_text="Compare: Which shape").click()
+    poll(lambda: page.locator("#compare-answer-0").is_visible())
+    assert [page.inner_text(f"#compare-answer-{i}") for i in (0, 1)] == answers
+    assert "Which shape is on the left?" in page.inner_text("#compare-sent")
 
 
 # --- the API and the public-page defaults ----------------------------------------------------
@@ -723,3 +740,79 @@ def test_the_ui_module_imports_no_torch():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+# --- the history sidebar ---------------------------------------------------------------------
+
+
+def history_items(page: Page) -> list[str]:
+    return page.locator("#history-list label").all_inner_texts()
+
+
+def open_sidebar(page: Page) -> None:
+    """Opens the history sidebar (Gradio's own toggle) unless it is open: a closed one is slid
+    off the page's left edge, still "visible" to Playwright."""
+
+    def shown() -> bool:
+        box = page.locator("#history-new").bounding_box()
+        return box is not None and box["x"] >= 0
+
+    if not shown():
+        page.click("#history .toggle-button")
+    poll(shown, 10)
+
+
+def browser_id(page: Page) -> str:
+    return page.evaluate("localStorage.getItem('vlm-playground-browser')")
+
+
+def test_the_history_sidebar_keeps_reopens_and_deletes_conversations(
+    open_page: Callable[[], Page], served: tuple[Playground, str, RecordingFactory]
+):
+    history = served[0].history
+    assert history is not None
+    page = open_page()
+    set_max_tokens(page, "chat", 16)
+    send(page, "The first conversation's question")
+    first_answer = wait_for_answer(page)
+    open_sidebar(page)
+    poll(lambda: len(history_items(page)) == 1)
+    assert history_items(page)[0].startswith("The first conversation's question · 1 turn")
+    page.click("#history-new")
+    poll(lambda: user_messages(page) == 0)
+    send(page, "The second one")
+    wait_for_answer(page)
+    poll(lambda: len(history_items(page)) == 2)
+    assert history_items(page)[0].startswith("The second one")  # the latest first
+
+    # A reload keeps the open conversation; the list is still there.
+    page.reload()
+    page.wait_for_selector("#chat-input textarea")
+    poll(lambda: user_messages(page) == 1)
+    assert "The second one" in page.inner_text("#chat")
+    open_sidebar(page)
+    poll(lambda: len(history_items(page)) == 2)
+
+    # Reopened: the first conversation, its answer and the line under it, and it goes on.
+    page.locator("#history-list label").filter(has_text="The first conversation").click()
+    poll(lambda: "The first conversation's question" in page.inner_text("#chat"))
+    assert bot_messages(page) == [first_answer]
+    assert answer_labels(page)[0].startswith("Qwen2-VL")
+    send(page, "And a follow-up")
+    wait_for_answer(page, answers=2)
+    poll(lambda: any("2 turns" in item for item in history_items(page)))
+    stored = {s.title: s for s in history.list(browser_id(page))}
+    assert stored["The first conversation's question"].turns == 2
+
+    # Another browser sees none of it.
+    other = open_page()
+    open_sidebar(other)
+    assert history_items(other) == [] and browser_id(other) != browser_id(page)
+
+    # Deleted: gone from the list, from the database, and from the chat that had it open.
+    page.locator("#history-list label").filter(has_text="The first conversation").click()
+    page.click("#history-delete")
+    poll(lambda: len(history_items(page)) == 1)
+    poll(lambda: user_messages(page) == 0)
+    assert [s.title for s in history.list(browser_id(page))] == ["The second one"]
+    shoot(page, "history.png")

@@ -206,7 +206,9 @@ class ChatView:
                     labels, value=playground.default_model, label="Model", elem_id="model"
                 )
                 state = gr.Markdown(playground.status_line(playground.default_model), elem_id="model-state")
-                system = gr.Textbox(label="System prompt", elem_id="system", placeholder=SYSTEM_HINT)
+                self.system = system = gr.Textbox(
+                    label="System prompt", elem_id="system", placeholder=SYSTEM_HINT
+                )
                 default = playground.choices.get(playground.default_model or "")
                 sampling = sampling_controls("chat", default.card if default is not None else None)
                 with gr.Accordion("About this model", open=False, elem_id="model-card-box"):
@@ -248,9 +250,12 @@ class ChatView:
             # The Send button comes back however the answer ended.
             event.then(box_idle, None, [box], show_progress="hidden", queue=False, **PRIVATE)
         box.stop(self.stop, [visit], None, concurrency_limit=None, **PRIVATE)
-        undo.click(self.undo, [visit], [chatbot, box, notice], **PRIVATE)
+        undone = undo.click(self.undo, [visit], [chatbot, box, notice], **PRIVATE)
+        # Where the conversation changed for good: the history stores it then (`HistoryView`).
+        self.changed = [sent, again, undone]
+        self.notice = notice
         # The chat's own trash icon clears the conversation too, not only the screen.
-        gr.on([clear.click, chatbot.clear], self.clear, [visit], outputs, **PRIVATE)
+        self.cleared = gr.on([clear.click, chatbot.clear], self.clear, [visit], outputs, **PRIVATE)
         model.change(
             self.picked,
             [model, visit],

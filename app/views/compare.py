@@ -57,6 +57,10 @@ class CompareView:
             )
             return
         comparison = Comparison(text, [Path(f).name for f in files], system, sampling)
+        # The session holds the run as one turn whose columns fill as they stream (the history
+        # stores it from there once it ends).
+        session.turns.append(turn)
+        turn.columns = comparison.columns
 
         async def messages_for(card: ModelCard) -> list[dict[str, Any]]:
             check_media(card, [], files)
@@ -73,6 +77,7 @@ class CompareView:
             compare.run(self.playground.manager, comparison, cards, messages_for, media=turn.media)
         ) as run:
             async for update in run:
+                turn.columns = update.columns
                 yield *columns_view(update), sent, box, "", gr.skip(), gr.skip()
                 sent, box = gr.skip(), gr.skip()
                 if session.stop_requested:
@@ -133,6 +138,9 @@ class CompareView:
             **PRIVATE,
         )
         asked.then(box_idle, None, [box], show_progress="hidden", queue=False, **PRIVATE)
+        # What the history view stores and restores (`HistoryView`).
+        self.asked, self.keys, self.system, self.notice, self.sent = asked, keys, system, notice, sent
+        self.columns, self.exported = columns, [export_json, export_md]
         box.stop(self.stop, [visit], None, concurrency_limit=None, **PRIVATE)
 
 

@@ -4,6 +4,8 @@ when the tab is gone), and the server's public defaults."""
 from __future__ import annotations
 
 import os
+import re
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -15,15 +17,25 @@ from app.views.api import CHAT_API, ChatApi
 from app.views.chat import PRIVATE, ChatView
 from app.views.compare import CompareView
 from app.views.guard import Guard, allowed_hosts
+from app.views.history import HistoryView
 from app.views.services import Playground
 
 # Uploads older than this are removed from Gradio's upload cache (checked as often). A message
 # keeps its own links to the files it sent, so only files never sent are lost.
 UPLOAD_MAX_AGE_S = 900
 STORAGE_KEY = "vlm-playground-session"
-# The tab's token lives in sessionStorage: a reload keeps it, another tab has its own.
-READ_TOKEN = f"() => [sessionStorage.getItem('{STORAGE_KEY}') || '']"
-WRITE_TOKEN = f"(token) => {{ sessionStorage.setItem('{STORAGE_KEY}', token); return []; }}"
+BROWSER_KEY = "vlm-playground-browser"
+# The tab's token lives in sessionStorage: a reload keeps it, another tab has its own. The
+# browser's id (whose stored conversations the sidebar lists) lives in localStorage: every tab
+# of the browser shares it, and it outlives the browser's restart.
+READ_TOKEN = (
+    f"() => [sessionStorage.getItem('{STORAGE_KEY}') || '', localStorage.getItem('{BROWSER_KEY}') || '']"
+)
+WRITE_TOKEN = (
+    f"(token, browser) => {{ sessionStorage.setItem('{STORAGE_KEY}', token); "
+    f"localStorage.setItem('{BROWSER_KEY}', browser); return []; }}"
+)
+BROWSER_ID = re.compile(r"^[0-9a-f]{32}$")
 # Escape stops the answer that streams in view (the message box's own stop button).
 ESCAPE_STOPS = """
 () => {
@@ -50,11 +62,15 @@ class Page:
         self.chat = ChatView(playground)
         self.compare = CompareView(playground)
         self.api = ChatApi(self.chat)
+        self.history = HistoryView(playground, self.chat, self.compare)
 
-    async def resume(self, token: str, request: gr.Request) -> tuple[Any, ...]:
-        """A page (re)loaded: the tab's session, a new one for a new tab."""
+    async def resume(self, token: str, browser: str, request: gr.Request) -> tuple[Any, ...]:
+        """A page (re)loaded: the tab's session (a new one for a new tab) and the browser's id
+        (a new one for a new browser, or one whose id is not ours)."""
         token, visit = self.sessions.attach(token, request.session_hash or "")
-        return token, visit, *self.chat.resumed(visit)
+        if not visit.browser_id:
+            visit.browser_id = browser if BROWSER_ID.match(browser or "") else secrets.token_hex(16)
+        return token, visit.browser_id, visit, *self.chat.resumed(visit)
 
     async def leave(self, request: gr.Request) -> None:
         """Gradio ended the page (closed or reloaded)."""
@@ -65,16 +81,23 @@ class Page:
             gr.Markdown("# VLM Playground\nChat with vision-language models served by vLLM.")
             self.sessions.upload_root = Path(demo.GRADIO_CACHE)
             visit = gr.State(None)
-            token = gr.Textbox(visible=False)
-            with gr.Tab("Chat", id="chat-tab"):
-                chatbot = self.chat.layout(visit)
-            with gr.Tab("Compare", id="compare-tab"):
-                self.compare.layout(visit)
+            token, browser = gr.Textbox(visible=False), gr.Textbox(visible=False)
+            with gr.Tabs() as tabs:
+                with gr.Tab("Chat", id="chat-tab"):
+                    chatbot = self.chat.layout(visit)
+                with gr.Tab("Compare", id="compare-tab"):
+                    self.compare.layout(visit)
+            listed = self.history.layout(visit, chatbot, tabs)
             self.api.layout()
             loaded = demo.load(
-                self.resume, [token], [token, visit, chatbot, self.chat.model], js=READ_TOKEN, **PRIVATE
+                self.resume,
+                [token, browser],
+                [token, browser, visit, chatbot, self.chat.model],
+                js=READ_TOKEN,
+                **PRIVATE,
             )
-            loaded.then(None, [token], None, js=WRITE_TOKEN, queue=False, **PRIVATE)
+            loaded.then(None, [token, browser], None, js=WRITE_TOKEN, queue=False, **PRIVATE)
+            loaded.then(self.history.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
             demo.unload(self.leave)
         return demo
 

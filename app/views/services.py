@@ -15,6 +15,7 @@ from app.cards import ModelCard
 from app.config import Settings
 from app.conversation import ConversationError, Turn, check_fits, engine_messages, user_message
 from app.engine import EngineManager, SamplingSettings, card_sampling
+from app.history import History
 from app.media import VideoDecoderPool
 from app.replies import Reply, stream_reply
 from app.sessions import SessionStore
@@ -37,8 +38,16 @@ class Playground:
     """The app's pieces, shared by every browser session. Per-user data lives in each
     session's `gr.State`."""
 
-    def __init__(self, manager: EngineManager, settings: Settings, decoder: VideoDecoderPool) -> None:
+    def __init__(
+        self,
+        manager: EngineManager,
+        settings: Settings,
+        decoder: VideoDecoderPool,
+        history: History | None = None,
+    ) -> None:
         self.manager = manager
+        # Stored conversations (`app.history`); None when the operator turned history off.
+        self.history = history
         self.settings = settings
         self.decoder = decoder
         catalog = manager.cards
@@ -65,6 +74,8 @@ class Playground:
         """Deletes every session's files and shuts the engines down on the server's loop, if
         it still runs (called at exit)."""
         self.sessions.close()
+        if self.history is not None:
+            self.history.close()
         if self.loop is not None and self.loop.is_running():
             asyncio.run_coroutine_threadsafe(self.manager.close(), self.loop).result(timeout_s)
 

@@ -1,0 +1,387 @@
+"""The history sidebar: a browser's stored conversations, to reopen, rename, delete, export and
+import. The chat saves its conversation here after every answer (`save_chat`), in a worker
+thread once the answer has ended, so a slow database never holds up a stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from app.compare import Comparison
+from app.conversation import Session, Turn, is_video
+from app.engine import SamplingSettings
+from app.history import (
+    ConversationRecord,
+    History,
+    HistoryError,
+    Kind,
+    ReplyRecord,
+    Summary,
+    TurnRecord,
+    describe_media,
+)
+from app.replies import Reply
+from app.sessions import Visit
+from app.views.chat import PRIVATE, ChatView, conversation
+from app.views.compare import CompareView, columns_view, sent_view
+from app.views.services import Playground, refusal
+
+log = logging.getLogger(__name__)
+
+NO_HISTORY = "History is off on this server (APP_HISTORY=0): conversations are not stored."
+SAVE_FAILED = (
+    "This conversation could not be stored just now; it is still here, and the next answer tries again."
+)
+GONE_FILES = (
+    "Some files of this conversation are no longer kept on the server (they are deleted after "
+    "{days:g} days): the model no longer sees them. Attach them again to ask about them."
+)
+
+
+def record_of(
+    session: Session, kind: Kind, model: str, system: str
+) -> tuple[ConversationRecord, dict[str, Path]]:
+    """A chat or a comparison as the history stores it, and its kept files by content hash."""
+    files: dict[str, Path] = {}
+    turns = []
+    for turn in session.turns:
+        media = []
+        for path, line in zip(turn.files, media_lines(turn), strict=True):
+            medium = describe_media(path, turn.names.get(path, path.name), kind_of(path), line)
+            files[medium.hash] = path
+            media.append(medium)
+        replies = turn.columns or ([turn.reply] if turn.reply is not None else [])
+        turns.append(
+            TurnRecord(text=turn.text, media=media, replies=[reply_record(r) for r in replies if r.ended])
+        )
+    record = ConversationRecord(
+        id=session.conversation_id, kind=kind, model=model, system_prompt=system, turns=turns
+    )
+    return record, files
+
+
+def media_lines(turn: Turn) -> list[str]:
+    """Each file's description ("name: image, 12 KB, 64×48 px") in the order of `turn.files`."""
+    lines = {line.split(": ", 1)[0]: line for line in turn.media}
+    return [lines.get(turn.names.get(path, path.name), "") for path in turn.files]
+
+
+def kind_of(path: Path) -> Any:
+    return "video" if is_video(path) else "image"
+
+
+def reply_record(reply: Reply) -> ReplyRecord:
+    return ReplyRecord(
+        model=reply.key,
+        display_name=reply.display_name,
+        answer=reply.answer,
+        state=reply.state,
+        finish_reason=reply.finish_reason,
+        prompt_tokens=reply.prompt_tokens,
+        completion_tokens=reply.completion_tokens,
+        load_s=reply.load_s,
+        ttft_s=reply.ttft_s,
+        tokens_per_s=reply.tokens_per_s,
+        sampling=reply.sampling,
+    )
+
+
+def summary_label(summary: Summary) -> str:
+    when = time.strftime("%d %b %H:%M", time.localtime(summary.updated_at))
+    if summary.kind == "compare":
+        models = len(summary.model.split(","))
+        return f"Compare: {summary.title} · {models} models · {when}"
+    turns = f"{summary.turns} turn{'s' if summary.turns != 1 else ''}"
+    return f"{summary.title} · {turns} · {when}"
+
+
+class HistoryView:
+    def __init__(self, playground: Playground, chat: ChatView, compare: CompareView) -> None:
+        self.playground = playground
+        self.chat = chat
+        self.compare = compare
+        self.reopened: list[Any] = []  # what reopening a conversation updates (set by `layout`)
+
+    @property
+    def history(self) -> History | None:
+        return self.playground.history
+
+    # --- what the chat calls -----------------------------------------------------------------
+
+    async def save_chat(self, visit: Visit | None, model: str, system: str) -> Any:
+        """Stores the tab's chat (after an answer, an undo); a notice if the database failed,
+        else the chat's notice as it was."""
+        history = self.history
+        if history is None or visit is None:
+            return gr.skip()
+        try:
+            if not visit.chat.turns:  # every turn undone: nothing of it stays stored
+                with contextlib.suppress(HistoryError):
+                    await asyncio.to_thread(history.delete, visit.browser_id, visit.chat.conversation_id)
+                return gr.skip()
+            record, files = record_of(visit.chat, "chat", model, system)
+            await asyncio.to_thread(history.save, visit.browser_id, record, files)
+        except Exception:
+            log.exception("storing a conversation failed")
+            return SAVE_FAILED
+        return gr.skip()
+
+    async def save_compare(self, visit: Visit | None, keys: list[str] | None, system: str) -> Any:
+        """Stores the comparison that just ended (each run is a conversation of one turn)."""
+        history = self.history
+        if history is None or visit is None or not any(t.columns for t in visit.compare.turns):
+            return gr.skip()
+        try:
+            record, files = record_of(visit.compare, "compare", ",".join(keys or []), system)
+            await asyncio.to_thread(history.save, visit.browser_id, record, files)
+        except Exception:
+            log.exception("storing a comparison failed")
+            return SAVE_FAILED
+        return gr.skip()
+
+    # --- handlers ----------------------------------------------------------------------------
+
+    async def listing(self, visit: Visit | None) -> Any:
+        """The sidebar's list, the open conversation selected."""
+        if self.history is None or visit is None:
+            return gr.Radio(choices=[], value=None)
+        summaries = await asyncio.to_thread(self.history.list, visit.browser_id)
+        choices = [(summary_label(s), s.id) for s in summaries]
+        current = visit.chat.conversation_id
+        return gr.Radio(choices=choices, value=current if any(c[1] == current for c in choices) else None)
+
+    async def reopen(self, conversation_id: str | None, visit: Visit | None) -> tuple[Any, ...]:
+        """Opens a stored conversation: a chat in the chat tab (its turns, files, answers and
+        model, to go on with), a comparison in the compare tab (its columns)."""
+        unchanged = (gr.skip(),) * len(self.reopened)
+        history = self.history
+        if history is None or visit is None or not conversation_id:
+            return unchanged
+        if conversation_id == visit.chat.conversation_id:
+            return unchanged
+        try:
+            record = await asyncio.to_thread(history.load, visit.browser_id, conversation_id)
+        except HistoryError as error:
+            return (*unchanged[:-1], str(error))
+        session = Session(upload_root=visit.chat.upload_root)
+        session.conversation_id = record.id
+        missing = await asyncio.to_thread(self._restore, history, record, session)
+        notice = GONE_FILES.format(days=self.playground.settings.media_retention_days) if missing else ""
+        if record.kind == "compare":
+            visit.compare.close()
+            visit.compare = session
+            return self.compare_shown(record, session, notice)
+        visit.chat.close()
+        visit.chat = session
+        choice = self.playground.choices.get(record.model)
+        model: Any = record.model if choice is not None and not choice.reason else gr.skip()
+        if choice is not None and not choice.reason:
+            visit.chat_model = record.model
+        skip_compare = (gr.skip(),) * (len(self.reopened) - 5)
+        return (
+            conversation(session),
+            model,
+            record.system_prompt,
+            gr.Tabs(selected="chat-tab"),
+            *skip_compare,
+            notice,
+        )
+
+    def compare_shown(self, record: ConversationRecord, session: Session, notice: str) -> tuple[Any, ...]:
+        turn = session.turns[0] if session.turns else Turn(text="")
+        comparison = Comparison(turn.text, [], record.system_prompt, SamplingSettings(), turn.columns)
+        keys = [key for key in record.model.split(",") if key in self.playground.choices]
+        return (
+            gr.skip(),
+            gr.skip(),
+            gr.skip(),
+            gr.Tabs(selected="compare-tab"),
+            *columns_view(comparison),
+            sent_view(comparison, turn.media),
+            keys,
+            record.system_prompt,
+            notice,
+        )
+
+    def _restore(self, history: History, record: ConversationRecord, session: Session) -> bool:
+        """Fills `session` with `record`'s turns; True if some files are no longer kept."""
+        missing = False
+        for stored in record.turns:
+            turn = Turn(text=stored.text)
+            for medium in stored.media:
+                path = history.media_file(medium.hash)
+                if path is None:  # past the retention, or stored without media
+                    missing = True
+                    turn.media.append(f"{medium.name}: no longer kept on the server")
+                    continue
+                kept = session.keep(path)
+                turn.names[kept] = medium.name
+                turn.media.append(medium.description or medium.name)
+                if medium.kind == "video":
+                    turn.video = kept
+                else:
+                    turn.images.append(kept)
+            replies = [self._reply(reply, turn) for reply in stored.replies]
+            if record.kind == "compare":
+                turn.columns = replies
+            elif replies:
+                turn.reply = replies[0]
+            session.turns.append(turn)
+        return missing
+
+    def _reply(self, stored: ReplyRecord, turn: Turn) -> Reply:
+        choice = self.playground.choices.get(stored.model)
+        source = choice.card.source if choice is not None else stored.model
+        return Reply(
+            key=stored.model,
+            display_name=stored.display_name or stored.model,
+            source=source,
+            state=stored.state,
+            answer=stored.answer,
+            finish_reason=stored.finish_reason,
+            prompt_tokens=stored.prompt_tokens,
+            completion_tokens=stored.completion_tokens,
+            load_s=stored.load_s,
+            ttft_s=stored.ttft_s,
+            tokens_per_s=stored.tokens_per_s,
+            media=list(turn.media),
+            sampling=stored.sampling,
+        )
+
+    def new_chat(self, visit: Visit | None) -> tuple[Any, ...]:
+        """A new conversation; the one open stays stored."""
+        if visit is not None:
+            visit.chat.close()
+        return [], gr.Radio(value=None), ""
+
+    async def rename(self, conversation_id: str | None, title: str, visit: Visit | None) -> tuple[Any, ...]:
+        if self.history is None or visit is None:
+            return gr.skip(), NO_HISTORY
+        if not conversation_id:
+            return gr.skip(), "Pick a conversation in the list first."
+        try:
+            await asyncio.to_thread(self.history.rename, visit.browser_id, conversation_id, title)
+        except HistoryError as error:
+            return gr.skip(), str(error)
+        return gr.Textbox(value=""), ""
+
+    async def delete(self, conversation_id: str | None, visit: Visit | None) -> tuple[Any, ...]:
+        """Deletes the conversation for good; if it is the open one, the chat is cleared."""
+        if self.history is None or visit is None:
+            return gr.skip(), NO_HISTORY
+        if not conversation_id:
+            return gr.skip(), "Pick a conversation in the list first."
+        try:
+            await asyncio.to_thread(self.history.delete, visit.browser_id, conversation_id)
+        except HistoryError as error:
+            return gr.skip(), str(error)
+        if conversation_id == visit.chat.conversation_id:
+            visit.chat.close()
+            return [], ""
+        return gr.skip(), ""
+
+    async def export(self, conversation_id: str | None, visit: Visit | None) -> tuple[Any, ...]:
+        """The conversation as a JSON file to download."""
+        if self.history is None or visit is None:
+            return gr.skip(), NO_HISTORY
+        if not conversation_id:
+            return gr.skip(), "Pick a conversation in the list first."
+        try:
+            text = await asyncio.to_thread(self.history.export, visit.browser_id, conversation_id)
+        except HistoryError as error:
+            return gr.skip(), str(error)
+        folder = Path(tempfile.mkdtemp(prefix="vlm-export-", dir=visit.chat.folder))
+        path = folder / f"conversation-{conversation_id[:8]}.json"
+        path.write_text(text)
+        return gr.DownloadButton(value=str(path), visible=True), ""
+
+    async def import_file(self, upload: str | None, visit: Visit | None) -> tuple[Any, ...]:
+        if self.history is None or visit is None:
+            return gr.skip(), NO_HISTORY
+        if not upload:
+            return gr.skip(), ""
+        try:
+            data = Path(upload).read_bytes()
+            record = await asyncio.to_thread(self.history.import_json, visit.browser_id, data)
+        except HistoryError as error:
+            return gr.skip(), str(error)
+        except Exception as error:
+            return gr.skip(), refusal(error)
+        finally:
+            Path(upload).unlink(missing_ok=True)
+        return gr.skip(), f"Imported “{record.title}”: it is in the list."
+
+    # --- layout ------------------------------------------------------------------------------
+
+    def layout(self, visit: gr.State, chatbot: gr.Chatbot, tabs: gr.Tabs) -> gr.Radio:
+        """The sidebar; returns its list (the page refreshes it when a page loads)."""
+        with gr.Sidebar(label="History", open=False, elem_id="history"):
+            if self.history is None:
+                gr.Markdown(NO_HISTORY)
+                self.list = gr.Radio(choices=[], visible=False)
+                return self.list
+            new = gr.Button("New chat", elem_id="history-new", size="sm", variant="primary")
+            self.list = listed = gr.Radio(
+                choices=[], label="Your conversations", elem_id="history-list", interactive=True
+            )
+            notice = gr.Markdown(elem_id="history-notice")
+            with gr.Row():
+                title = gr.Textbox(
+                    show_label=False, placeholder="A new name", elem_id="history-title", scale=3
+                )
+                rename = gr.Button("Rename", elem_id="history-rename", size="sm", scale=1)
+            with gr.Row():
+                delete = gr.Button("Delete", elem_id="history-delete", size="sm", variant="stop")
+                export = gr.Button("Export", elem_id="history-export", size="sm")
+                load = gr.UploadButton(
+                    "Import", file_types=[".json"], elem_id="history-import", size="sm", type="filepath"
+                )
+            download = gr.DownloadButton(
+                "Download JSON", visible=False, elem_id="history-download", size="sm"
+            )
+            gr.Markdown(
+                "Stored on this server for this browser (no account), deleted for good when you delete them.",
+                elem_id="history-about",
+            )
+        chat, compare = self.chat, self.compare
+        self.reopened = [
+            chatbot,
+            chat.model,
+            chat.system,
+            tabs,
+            *compare.columns,
+            compare.sent,
+            compare.keys,
+            compare.system,
+            notice,
+        ]
+        saved_compare = compare.asked.then(
+            self.save_compare, [visit, compare.keys, compare.system], [compare.notice], **PRIVATE
+        )
+        saved_compare.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
+        for changed in chat.changed:
+            inputs = [visit, chat.model, chat.system]
+            saved = changed.then(self.save_chat, inputs, [chat.notice], show_progress="hidden", **PRIVATE)
+            saved.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
+        chat.cleared.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
+        opened = listed.input(self.reopen, [listed, visit], self.reopened, **PRIVATE)
+        opened.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
+        new.click(self.new_chat, [visit], [chatbot, listed, notice], **PRIVATE)
+        rename.click(self.rename, [listed, title, visit], [title, notice], **PRIVATE).then(
+            self.listing, [visit], [listed], show_progress="hidden", **PRIVATE
+        )
+        delete.click(self.delete, [listed, visit], [chatbot, notice], **PRIVATE).then(
+            self.listing, [visit], [listed], show_progress="hidden", **PRIVATE
+        )
+        export.click(self.export, [listed, visit], [download, notice], **PRIVATE)
+        imported = load.upload(self.import_file, [load, visit], [listed, notice], **PRIVATE)
+        imported.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
+        return listed

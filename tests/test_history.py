@@ -1,0 +1,294 @@
+"""The history database (`app.history`) on SQLite and on a real PostgreSQL server: what a user
+stores, reopens, renames, exports and deletes, what another browser cannot reach, what is left
+on disk after a delete, migrations, and two app processes writing at once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from PIL import Image
+from postgres import postgres_server
+from sqlalchemy import create_engine, text
+
+from app.history import (
+    Base,
+    ConversationRecord,
+    History,
+    HistoryError,
+    ReplyRecord,
+    TurnRecord,
+    describe_media,
+    new_id,
+    sqlite_url,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[str]:
+    with postgres_server() as url:
+        yield url
+
+
+def fresh_database(kind: str, postgres_url: str, folder: Path) -> str:
+    if kind == "sqlite":
+        return sqlite_url(folder)
+    name = f"t_{new_id()}"
+    with create_engine(postgres_url, isolation_level="AUTOCOMMIT").connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    return postgres_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    postgres_url = request.getfixturevalue("postgres") if request.param == "postgresql" else ""
+    return fresh_database(request.param, postgres_url, tmp_path / "db")
+
+
+@pytest.fixture
+def history(url: str, tmp_path: Path) -> Iterator[History]:
+    store = History(url, tmp_path / "media")
+    yield store
+    store.close()
+
+
+def picture(folder: Path, name: str, colour: str) -> Path:
+    path = folder / name
+    Image.new("RGB", (64, 48), colour).save(path)
+    return path
+
+
+def conversation(history: History, browser: str, folder: Path, *colours: str) -> ConversationRecord:
+    """A chat of one turn per colour, each with a picture of it, saved for `browser`."""
+    files, turns = {}, []
+    for colour in colours:
+        path = picture(folder, f"{colour}.png", colour)
+        medium = describe_media(path, f"{colour}.png", "image", "image, 64×48 px")
+        files[medium.hash] = path
+        reply = ReplyRecord(model="demo_seeing", answer=colour, prompt_tokens=30, ttft_s=0.2)
+        turns.append(TurnRecord(text=f"What colour is this {colour} thing?", media=[medium], replies=[reply]))
+    record = ConversationRecord(id=new_id(), model="demo_seeing", turns=turns)
+    history.save(browser, record, files)
+    return record
+
+
+def media_on_disk(history: History) -> set[str]:
+    return {p.stem for p in history.media_dir.rglob("*") if p.is_file()}
+
+
+def row_count(history: History, table: str) -> int:
+    with history.engine.connect() as connection:
+        return connection.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()  # noqa: S608 (our names)
+
+
+def test_a_conversation_is_stored_listed_reopened_and_renamed(history: History, tmp_path: Path):
+    first = conversation(history, "browser-1", tmp_path, "red")
+    second = conversation(history, "browser-1", tmp_path, "blue", "green")
+    listed = history.list("browser-1")
+    assert [s.id for s in listed] == [second.id, first.id]  # the latest first
+    assert listed[0].title == "What colour is this blue thing?" and listed[0].turns == 2
+    reopened = history.load("browser-1", second.id)
+    assert [t.replies[0].answer for t in reopened.turns] == ["blue", "green"]
+    assert reopened.turns[1].media[0].name == "green.png"
+    assert (
+        history.media_file(reopened.turns[1].media[0].hash).read_bytes()
+        == (tmp_path / "green.png").read_bytes()
+    )
+    history.rename("browser-1", first.id, "  My   red one ")
+    assert history.list("browser-1")[1].title == "My red one"
+    with pytest.raises(HistoryError, match="Write a name"):
+        history.rename("browser-1", first.id, "   ")
+
+
+def test_another_browser_can_neither_see_nor_touch_a_conversation(history: History, tmp_path: Path):
+    mine = conversation(history, "browser-1", tmp_path, "red")
+    assert history.list("browser-2") == []
+    for attempt in (
+        lambda: history.load("browser-2", mine.id),
+        lambda: history.rename("browser-2", mine.id, "taken"),
+        lambda: history.delete("browser-2", mine.id),
+        lambda: history.save("browser-2", mine),
+    ):
+        with pytest.raises(HistoryError):
+            attempt()
+    assert history.load("browser-1", mine.id).turns[0].replies[0].answer == "red"
+
+
+def test_a_deleted_conversation_leaves_no_rows_and_no_files_it_alone_held(history: History, tmp_path: Path):
+    kept = conversation(history, "browser-1", tmp_path, "red")
+    gone = conversation(history, "browser-1", tmp_path, "red", "blue")
+    red, blue = (t.media[0].hash for t in gone.turns)
+    assert media_on_disk(history) == {red, blue}
+    history.delete("browser-1", gone.id)
+    assert [s.id for s in history.list("browser-1")] == [kept.id]
+    # The red picture is still in the other conversation; the blue one is gone with its row.
+    assert media_on_disk(history) == {red}
+    assert history.media_file(blue) is None and history.thumbnail(blue) is None
+    history.delete("browser-1", kept.id)
+    assert media_on_disk(history) == set()
+    for table in ("conversations", "turns", "media", "media_links"):
+        assert row_count(history, table) == 0, table
+
+
+def test_a_rewritten_turn_drops_the_picture_it_no_longer_holds(history: History, tmp_path: Path):
+    """Undo and regenerate save the conversation again: a picture no turn holds is deleted."""
+    record = conversation(history, "browser-1", tmp_path, "red", "blue")
+    history.save("browser-1", record.model_copy(update={"turns": record.turns[:1]}))
+    assert media_on_disk(history) == {record.turns[0].media[0].hash}
+
+
+def test_export_and_import_round_trip_and_a_bad_file_is_one_line(history: History, tmp_path: Path):
+    record = conversation(history, "browser-1", tmp_path, "red")
+    exported = history.export("browser-1", record.id)
+    assert str(tmp_path) not in exported  # no server paths
+    data = json.loads(exported)
+    assert data["conversation"]["turns"][0]["replies"][0]["answer"] == "red"
+    assert data["thumbnails"][record.turns[0].media[0].hash]
+    imported = history.import_json("browser-2", exported)
+    assert imported.id != record.id and imported.turns == record.turns
+    assert [s.id for s in history.list("browser-2")] == [imported.id]
+    for bad in (b"not json", b'{"format": "other"}', exported.replace('"red"', "7")):
+        with pytest.raises(HistoryError) as refused:
+            history.import_json("browser-2", bad)
+        message = str(refused.value)
+        assert "\n" not in message and "Error" not in message and message.startswith("That file is not")
+
+
+def test_without_stored_media_only_thumbnails_are_kept(url: str, tmp_path: Path):
+    history = History(url, tmp_path / "media", store_media=False)
+    try:
+        record = conversation(history, "browser-1", tmp_path, "red")
+        digest = record.turns[0].media[0].hash
+        assert media_on_disk(history) == set() and history.media_file(digest) is None
+        with Image.open(__import__("io").BytesIO(history.thumbnail(digest))) as thumb:
+            assert thumb.getpixel((0, 0))[0] > 200  # red
+    finally:
+        history.close()
+
+
+def test_media_files_expire_after_the_retention_and_thumbnails_stay(url: str, tmp_path: Path):
+    now = [1000.0]
+    history = History(url, tmp_path / "media", retention_s=3600, clock=lambda: now[0])
+    try:
+        record = conversation(history, "browser-1", tmp_path, "red")
+        digest = record.turns[0].media[0].hash
+        now[0] += 1800
+        assert history.expire_media() == 0 and history.media_file(digest) is not None
+        now[0] += 3600
+        assert history.expire_media() == 1
+        assert history.media_file(digest) is None and media_on_disk(history) == set()
+        assert history.thumbnail(digest) and history.load("browser-1", record.id).turns[0].media
+    finally:
+        history.close()
+
+
+def test_the_migrations_match_the_tables_and_running_them_again_keeps_the_data(history: History, url: str):
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    record = ConversationRecord(id=new_id(), turns=[TurnRecord(text="kept")])
+    history.save("browser-1", record)
+    with history.engine.connect() as connection:
+        context = MigrationContext.configure(connection)
+        assert compare_metadata(context, Base.metadata) == []
+        assert context.get_current_revision() == "0001"
+    again = History(url, history.media_dir)  # an app restart or an upgrade
+    assert again.load("browser-1", record.id).turns[0].text == "kept"
+    again.close()
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from app.history import ConversationRecord, History, ReplyRecord, TurnRecord, new_id
+    url, media, browser, count = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    history = History(url, media)
+    for index in range(count):
+        turn = TurnRecord(text=f"{browser} {index}", replies=[ReplyRecord(model="m", answer="a")])
+        record = ConversationRecord(id=new_id(), turns=[turn])
+        history.save(browser, record)
+        history.save(browser, record.model_copy(update={"turns": [turn, turn]}))
+        history.rename(browser, record.id, f"renamed {index}")
+    print("done")
+    """
+)
+
+
+def test_two_app_processes_write_at_once(url: str, tmp_path: Path):
+    """Two replicas on one database (PostgreSQL), or two processes on one SQLite file."""
+    History(url, tmp_path / "media").close()  # migrated once, as the first replica does
+    writers = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, url, str(tmp_path / "media"), browser, "60"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for browser in ("browser-1", "browser-2")
+    ]
+    for writer in writers:
+        out, err = writer.communicate(timeout=300)
+        assert writer.returncode == 0 and out.strip() == "done", err[-2000:]
+    history = History(url, tmp_path / "media")
+    try:
+        for browser in ("browser-1", "browser-2"):
+            listed = history.list(browser)
+            assert len(listed) == 60 and all(s.turns == 2 and s.title.startswith("renamed") for s in listed)
+    finally:
+        history.close()
+
+
+# --- a property: whatever a browser does, the list and the disk say what it kept ---
+
+Action = st.one_of(
+    st.tuples(
+        st.just("save"), st.integers(0, 2), st.lists(st.sampled_from(["red", "blue", "lime"]), max_size=3)
+    ),
+    st.tuples(st.just("delete"), st.integers(0, 2), st.integers(0, 5)),
+    st.tuples(st.just("import"), st.integers(0, 2), st.integers(0, 5)),
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(actions=st.lists(Action, max_size=12))
+def test_whatever_users_do_the_lists_and_the_media_folder_hold_exactly_what_they_kept(
+    tmp_path_factory: pytest.TempPathFactory, actions: list[tuple]
+):
+    folder = tmp_path_factory.mktemp("property")
+    history = History(sqlite_url(folder), folder / "media")
+    kept: dict[str, dict[str, ConversationRecord]] = {f"browser-{i}": {} for i in range(3)}
+    try:
+        for action, who, detail in actions:
+            browser = f"browser-{who}"
+            mine = list(kept[browser])
+            if action == "save":
+                record = conversation(history, browser, folder, *detail)
+                kept[browser][record.id] = record
+            elif mine and action == "delete":
+                chosen = mine[detail % len(mine)]
+                history.delete(browser, chosen)
+                del kept[browser][chosen]
+            elif mine and action == "import":
+                source = kept[browser][mine[detail % len(mine)]]
+                other = f"browser-{(who + 1) % 3}"
+                imported = history.import_json(other, history.export(browser, source.id))
+                kept[other][imported.id] = imported
+        for browser, records in kept.items():
+            assert {s.id for s in history.list(browser)} == set(records)
+        held = {
+            m.hash for records in kept.values() for r in records.values() for t in r.turns for m in t.media
+        }
+        assert media_on_disk(history) == held
+    finally:
+        history.close()
