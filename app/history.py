@@ -22,7 +22,7 @@ import logging
 import secrets
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -47,6 +47,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
 from app.config import Settings, SettingsError
+from app.leaderboard import Outcome, Vote
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,19 @@ class ConversationRecord(Record):
     created_at: float = 0.0
     updated_at: float = 0.0
     turns: list[TurnRecord] = Field(default_factory=list)
+
+
+class VoteRecord(Record):
+    """A vote as the arena stores it."""
+
+    battle_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    browser_id: str = Field(max_length=64)
+    model_a: str
+    model_b: str
+    outcome: Outcome
+    reason: str = Field(default="", max_length=500)
+    modality: Literal["text", "image", "images", "video"]
+    prompt_tokens: int = Field(default=0, ge=0)
 
 
 class Summary(Record):
@@ -192,6 +206,23 @@ class MediaLink(Base):
 
     turn_id: Mapped[int] = mapped_column(ForeignKey("turns.id", ondelete="CASCADE"), primary_key=True)
     hash: Mapped[str] = mapped_column(ForeignKey("media.hash"), primary_key=True, index=True)
+
+
+class VoteRow(Base):
+    """A blind battle's vote (the arena): which two models, what the user chose, about what."""
+
+    __tablename__ = "votes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    battle_id: Mapped[str] = mapped_column(String(32), index=True)
+    browser_id: Mapped[str] = mapped_column(String(64), index=True)
+    model_a: Mapped[str] = mapped_column(String(200))
+    model_b: Mapped[str] = mapped_column(String(200))
+    outcome: Mapped[str] = mapped_column(String(8))  # a, b, tie, bad
+    reason: Mapped[str] = mapped_column(Text)
+    modality: Mapped[str] = mapped_column(String(16), index=True)  # text, image, images, video
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float, index=True)
 
 
 # --- the store ---
@@ -456,6 +487,22 @@ class History:
                     with contextlib.suppress(ValueError):
                         row.thumbnail = base64.b64decode(encoded, validate=True)
         return self.load(browser_id, record.id)
+
+    # --- votes ---
+
+    def add_votes(self, votes: Sequence[VoteRecord]) -> None:
+        """Stores arena votes (one transaction for all of them)."""
+        now = self.clock()
+        with self.session() as session:
+            session.add_all(VoteRow(**vote.model_dump(), created_at=now) for vote in votes)
+
+    def votes(self, modality: str | None = None) -> list[Vote]:
+        """Every vote (of one modality, if given), for the leaderboard."""
+        query = select(VoteRow.model_a, VoteRow.model_b, VoteRow.outcome)
+        if modality is not None:
+            query = query.where(VoteRow.modality == modality)
+        with self.session() as session:
+            return [Vote(a, b, outcome) for a, b, outcome in session.execute(query)]
 
     def _own(self, session: Session, browser_id: str, conversation_id: str) -> ConversationRow:
         row = session.get(ConversationRow, conversation_id)

@@ -25,10 +25,12 @@ from app.history import (
     HistoryError,
     ReplyRecord,
     TurnRecord,
+    VoteRecord,
     describe_media,
     new_id,
     sqlite_url,
 )
+from app.leaderboard import Vote
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -200,7 +202,7 @@ def test_the_migrations_match_the_tables_and_running_them_again_keeps_the_data(h
     with history.engine.connect() as connection:
         context = MigrationContext.configure(connection)
         assert compare_metadata(context, Base.metadata) == []
-        assert context.get_current_revision() == "0001"
+        assert context.get_current_revision() == "0002"
     again = History(url, history.media_dir)  # an app restart or an upgrade
     assert again.load("browser-1", record.id).turns[0].text == "kept"
     again.close()
@@ -292,3 +294,51 @@ def test_whatever_users_do_the_lists_and_the_media_folder_hold_exactly_what_they
         assert media_on_disk(history) == held
     finally:
         history.close()
+
+
+def test_an_upgrade_from_the_first_version_keeps_its_conversations(url: str, tmp_path: Path):
+    """A database made by version 0001 (before the votes), upgraded by today's app."""
+    from alembic import command
+    from alembic.config import Config
+
+    from app.history import MIGRATIONS, make_engine
+
+    engine = make_engine(url)
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "0001")
+        connection.execute(
+            text(
+                "INSERT INTO conversations VALUES "
+                "('0123456789abcdef0123456789abcdef', 'browser-1', 'chat', 'Old', '', '', 1.0, 2.0)"
+            )
+        )
+    engine.dispose()
+    history = History(url, tmp_path / "media")
+    try:
+        assert [s.title for s in history.list("browser-1")] == ["Old"]
+        assert history.votes() == []
+    finally:
+        history.close()
+
+
+def test_votes_are_stored_and_read_back_per_modality(history: History):
+    battle = new_id()
+    history.add_votes(
+        [
+            VoteRecord(
+                battle_id=battle, browser_id="b", model_a="x", model_b="y", outcome="a", modality="image"
+            ),
+            VoteRecord(
+                battle_id=battle, browser_id="b", model_a="y", model_b="x", outcome="tie", modality="text"
+            ),
+        ]
+    )
+    assert sorted(history.votes(), key=str) == sorted([Vote("x", "y", "a"), Vote("y", "x", "tie")], key=str)
+    assert history.votes("image") == [Vote("x", "y", "a")]
+    with pytest.raises(ValueError):
+        VoteRecord(
+            battle_id=battle, browser_id="b", model_a="x", model_b="y", outcome="maybe", modality="text"
+        )

@@ -766,7 +766,7 @@ def browser_id(page: Page) -> str:
     return page.evaluate("localStorage.getItem('vlm-playground-browser')")
 
 
-def test_the_history_sidebar_keeps_reopens_and_deletes_conversations(
+def test_the_history_sidebar_keeps_reopens_exports_and_deletes_conversations(
     open_page: Callable[[], Page], served: tuple[Playground, str, RecordingFactory]
 ):
     history = served[0].history
@@ -804,7 +804,12 @@ def test_the_history_sidebar_keeps_reopens_and_deletes_conversations(
     stored = {s.title: s for s in history.list(browser_id(page))}
     assert stored["The first conversation's question"].turns == 2
 
-    # Another browser sees none of it.
+    # Exported as JSON (importing is tested in tests/test_history.py); another browser sees none of it.
+    with page.expect_download() as download:
+        page.click("#history-export")
+        page.click("#history-download")
+    exported = Path(download.value.path()).read_text(encoding="utf-8")
+    assert json.loads(exported)["conversation"]["turns"][1]["text"] == "And a follow-up"
     other = open_page()
     open_sidebar(other)
     assert history_items(other) == [] and browser_id(other) != browser_id(page)
