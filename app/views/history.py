@@ -10,6 +10,7 @@ import contextlib
 import logging
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -262,27 +263,29 @@ class HistoryView:
             visit.chat.close()
         return [], gr.Radio(value=None), ""
 
-    async def rename(self, conversation_id: str | None, title: str, visit: Visit | None) -> tuple[Any, ...]:
+    async def _on_picked(
+        self, conversation_id: str | None, visit: Visit | None, action: Callable[[History, str, str], Any]
+    ) -> tuple[Any, str]:
+        """Runs `action(history, browser id, conversation id)` on the conversation picked in the
+        list, in a worker thread: (its result, "") or (None, the line that says why not)."""
         if self.history is None or visit is None:
-            return gr.skip(), NO_HISTORY
+            return None, NO_HISTORY
         if not conversation_id:
-            return gr.skip(), "Pick a conversation in the list first."
+            return None, "Pick a conversation in the list first."
         try:
-            await asyncio.to_thread(self.history.rename, visit.browser_id, conversation_id, title)
+            return await asyncio.to_thread(action, self.history, visit.browser_id, conversation_id), ""
         except HistoryError as error:
-            return gr.skip(), str(error)
-        return gr.Textbox(value=""), ""
+            return None, str(error)
+
+    async def rename(self, conversation_id: str | None, title: str, visit: Visit | None) -> tuple[Any, ...]:
+        _, notice = await self._on_picked(conversation_id, visit, lambda h, b, c: h.rename(b, c, title))
+        return (gr.skip(), notice) if notice else (gr.Textbox(value=""), "")
 
     async def delete(self, conversation_id: str | None, visit: Visit | None) -> tuple[Any, ...]:
         """Deletes the conversation for good; if it is the open one, the chat is cleared."""
-        if self.history is None or visit is None:
-            return gr.skip(), NO_HISTORY
-        if not conversation_id:
-            return gr.skip(), "Pick a conversation in the list first."
-        try:
-            await asyncio.to_thread(self.history.delete, visit.browser_id, conversation_id)
-        except HistoryError as error:
-            return gr.skip(), str(error)
+        _, notice = await self._on_picked(conversation_id, visit, History.delete)
+        if notice or visit is None:
+            return gr.skip(), notice
         if conversation_id == visit.chat.conversation_id:
             visit.chat.close()
             return [], ""
@@ -290,14 +293,9 @@ class HistoryView:
 
     async def export(self, conversation_id: str | None, visit: Visit | None) -> tuple[Any, ...]:
         """The conversation as a JSON file to download."""
-        if self.history is None or visit is None:
-            return gr.skip(), NO_HISTORY
-        if not conversation_id:
-            return gr.skip(), "Pick a conversation in the list first."
-        try:
-            text = await asyncio.to_thread(self.history.export, visit.browser_id, conversation_id)
-        except HistoryError as error:
-            return gr.skip(), str(error)
+        text, notice = await self._on_picked(conversation_id, visit, History.export)
+        if notice or visit is None or conversation_id is None:
+            return gr.skip(), notice
         folder = Path(tempfile.mkdtemp(prefix="vlm-export-", dir=visit.chat.folder))
         path = folder / f"conversation-{conversation_id[:8]}.json"
         path.write_text(text)
