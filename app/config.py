@@ -451,6 +451,32 @@ class Settings(BaseSettings):
             group="history",
         ),
     ] = 30.0
+    # --- the arena (app.arena) ---
+    arena: Annotated[
+        bool,
+        Doc(
+            "the arena: blind battles between two models, votes and a leaderboard",
+            FLAG,
+            default="on",
+            group="arena",
+        ),
+    ] = True
+    arena_models: Annotated[
+        tuple[str, ...],
+        NoDecode,
+        BeforeValidator(_keys),
+        Doc(
+            "card keys the arena draws its two models from, separated by commas",
+            "card keys separated by commas",
+            default="every model served here",
+            metavar="KEYS",
+            group="arena",
+        ),
+    ] = ()
+    arena_votes_per_hour: Annotated[
+        Count,
+        Doc("votes one browser may cast in an hour", COUNT, metavar="N", group="arena"),
+    ] = 30
     max_upload_bytes: Annotated[
         Bytes,
         Doc(
@@ -526,6 +552,7 @@ class Settings(BaseSettings):
             "APP_MODEL_FOLDERS": set(self.model_folders),
             "APP_REMOTE_ENGINES": set(self.remote_engines),
             "APP_MODELS": set(self.models),
+            "APP_ARENA_MODELS": set(self.arena_models),
         }
         for variable, keys in named.items():
             if unknown := sorted(keys - known):
@@ -561,6 +588,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     groups = {
         "web": parser.add_argument_group("web app (each flag overrides its APP_* variable)"),
         "history": parser.add_argument_group("history (each flag overrides its APP_* variable)"),
+        "arena": parser.add_argument_group("arena (each flag overrides its APP_* variable)"),
         "engines": parser.add_argument_group("engines (each flag overrides its APP_* variable)"),
     }
     for name, field in Settings.model_fields.items():

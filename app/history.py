@@ -267,9 +267,10 @@ def migrate(engine: Engine) -> None:
 
 
 def open_history(settings: Settings) -> History | None:
-    """The history the settings ask for (None when APP_HISTORY is off), migrated to the newest
-    schema; a database that cannot be opened is a `SettingsError` in one line."""
-    if not settings.history:
+    """The database the settings ask for, migrated to the newest schema: None when neither the
+    history (APP_HISTORY) nor the arena's votes (APP_ARENA) need one. A database that cannot be
+    opened is a `SettingsError` in one line."""
+    if not settings.history and not settings.arena:
         return None
     url = settings.history_url()
     try:
@@ -278,6 +279,7 @@ def open_history(settings: Settings) -> History | None:
             settings.history_folder() / "media",
             store_media=settings.store_media,
             retention_s=settings.media_retention_days * 86400,
+            keep_conversations=settings.history,
         )
     except (SQLAlchemyError, OSError) as error:
         reason = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
@@ -295,10 +297,14 @@ class History:
         store_media: bool = True,
         retention_s: float = 30 * 86400,
         clock: Any = time.time,
+        keep_conversations: bool = True,
     ) -> None:
         self.engine = make_engine(url)
         self.media_dir = Path(media_dir)
         self.store_media = store_media
+        # Off (APP_HISTORY=0): the database holds the arena's votes only; the views store no
+        # conversation and offer no history.
+        self.keep_conversations = keep_conversations
         self.retention_s = retention_s
         self.clock = clock
         migrate(self.engine)
@@ -495,6 +501,25 @@ class History:
         now = self.clock()
         with self.session() as session:
             session.add_all(VoteRow(**vote.model_dump(), created_at=now) for vote in votes)
+
+    def vote_times(self, browser_id: str, since: float) -> list[float]:
+        """When `browser_id` voted since `since` (the arena's rate limit, shared by every app
+        process on this database)."""
+        query = select(VoteRow.created_at).where(VoteRow.browser_id == browser_id, VoteRow.created_at > since)
+        with self.session() as session:
+            return sorted(session.scalars(query))
+
+    def pair_votes(self) -> dict[tuple[str, str], int]:
+        """Votes per pair of models, whichever side each was on (the arena draws rare pairs more)."""
+        query = select(VoteRow.model_a, VoteRow.model_b, func.count()).group_by(
+            VoteRow.model_a, VoteRow.model_b
+        )
+        counts: dict[tuple[str, str], int] = {}
+        with self.session() as session:
+            for a, b, count in session.execute(query):
+                pair = (a, b) if a <= b else (b, a)
+                counts[pair] = counts.get(pair, 0) + count
+        return counts
 
     def votes(self, modality: str | None = None) -> list[Vote]:
         """Every vote (of one modality, if given), for the leaderboard."""

@@ -10,9 +10,11 @@ grow with the number of votes, and every bootstrap round is a multinomial draw o
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -112,3 +114,35 @@ def leaderboard(votes: Iterable[Vote], rounds: int = 1000, seed: int = 0) -> lis
         for i, model in enumerate(models)
     ]
     return sorted(rows, key=lambda row: row.score, reverse=True)
+
+
+COLUMNS = ("rank", "model", "name", "score", "ci_low", "ci_high", "votes", "wins", "win_rate")
+
+
+def table(rows: Sequence[Row], names: Mapping[str, str] | None = None) -> list[dict[str, object]]:
+    """The leaderboard as exported and shown. A model's rank is one more than the number of
+    models whose interval lies wholly above its own (as LMArena ranks): models the votes cannot
+    tell apart share a rank."""
+    names = names or {}
+    return [
+        {
+            "rank": 1 + sum(other.low > row.high for other in rows),
+            "model": row.model,
+            "name": names.get(row.model, row.model),
+            "score": round(row.score, 1),
+            "ci_low": round(row.low, 1),
+            "ci_high": round(row.high, 1),
+            "votes": row.votes,
+            "wins": row.wins,
+            "win_rate": round(row.win_rate, 4),
+        }
+        for row in rows
+    ]
+
+
+def to_csv(records: Sequence[Mapping[str, object]]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(records)
+    return out.getvalue()

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.arena import Battle
 from app.conversation import SESSION_FOLDER_PREFIX, Session
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,9 @@ class Visit:
 
     chat: Session = field(default_factory=Session)
     compare: Session = field(default_factory=Session)
+    # The arena's conversation (each turn with one reply per side) and its two hidden models.
+    arena: Session = field(default_factory=Session)
+    battle: Battle | None = None
     chat_model: str | None = None  # the model picked in the chat, restored after a reload
     # The browser's random id (kept in its localStorage): whose stored conversations these are.
     browser_id: str = ""
@@ -43,6 +47,7 @@ class Visit:
     def close(self) -> None:
         self.chat.close()
         self.compare.close()
+        self.arena.close()
 
 
 class SessionStore:
@@ -69,7 +74,8 @@ class SessionStore:
             visit = self.visits.get(token or "")
             if visit is None:
                 token = secrets.token_urlsafe(24)
-                visit = Visit(Session(upload_root=self.upload_root), Session(upload_root=self.upload_root))
+                chat, compare, arena = (Session(upload_root=self.upload_root) for _ in range(3))
+                visit = Visit(chat=chat, compare=compare, arena=arena)
                 self.visits[token] = visit
             visit.pages.add(page)
             visit.detached_at = None
@@ -105,7 +111,7 @@ class SessionStore:
             }
             for token in gone:
                 del self.visits[token]
-            owned = {s._folder for v in self.visits.values() for s in (v.chat, v.compare)}
+            owned = {s._folder for v in self.visits.values() for s in (v.chat, v.compare, v.arena)}
         for visit in gone.values():
             visit.close()
         self._sweep_orphans(owned)

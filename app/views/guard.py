@@ -15,7 +15,7 @@ Gradio serves more than the page needs, and says more than users should see. In 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Collection, MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -33,7 +33,11 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 class Guard:
     def __init__(
-        self, app: ASGIApp, upload_folder: str, allowed_hosts: set[str] | None, public_api: str
+        self,
+        app: ASGIApp,
+        upload_folder: str,
+        allowed_hosts: set[str] | None,
+        public_api: Collection[str],
     ) -> None:
         """`allowed_hosts`: host names the page answers to (None: any, when it listens on every
         interface and its public address is not known)."""
@@ -54,8 +58,9 @@ class Guard:
             await refuse(send, 421, "This page is not served at that address.")
             return
         path: str = scope["path"]
-        if path.startswith(f"{API}/call/") and path.split("/")[3] != self.public_api:
-            await refuse(send, 404, f"Not found: the API has one endpoint, /{self.public_api}.")
+        if path.startswith(f"{API}/call/") and path.split("/")[3] not in self.public_api:
+            endpoints = " and ".join(f"/{name}" for name in self.public_api)
+            await refuse(send, 404, f"Not found: the API's endpoints are {endpoints}.")
             return
         if path.startswith(f"{API}/upload") and not same_origin(values.get(b"origin"), host):
             await refuse(send, 403, "Uploads are taken from this page only.")

@@ -113,7 +113,9 @@ class HistoryView:
 
     @property
     def history(self) -> History | None:
-        return self.playground.history
+        """The stored conversations; None when the operator keeps none (APP_HISTORY=0)."""
+        history = self.playground.history
+        return history if history is not None and history.keep_conversations else None
 
     # --- what the chat calls -----------------------------------------------------------------
 

@@ -14,10 +14,12 @@ from starlette.middleware import Middleware
 
 from app.config import Settings
 from app.views.api import CHAT_API, ChatApi
+from app.views.arena import ArenaView
 from app.views.chat import PRIVATE, ChatView
 from app.views.compare import CompareView
 from app.views.guard import Guard, allowed_hosts
 from app.views.history import HistoryView
+from app.views.leaderboard import LEADERBOARD_API, LeaderboardView
 from app.views.services import Playground
 
 # Uploads older than this are removed from Gradio's upload cache (checked as often). A message
@@ -63,6 +65,10 @@ class Page:
         self.compare = CompareView(playground)
         self.api = ChatApi(self.chat)
         self.history = HistoryView(playground, self.chat, self.compare)
+        # The arena and its leaderboard keep their votes in the database (`app.history`).
+        votes = playground.history if playground.settings.arena else None
+        self.arena = ArenaView(playground, votes) if votes is not None else None
+        self.leaderboard = LeaderboardView(playground, votes) if votes is not None else None
 
     async def resume(self, token: str, browser: str, request: gr.Request) -> tuple[Any, ...]:
         """A page (re)loaded: the tab's session (a new one for a new tab) and the browser's id
@@ -87,8 +93,18 @@ class Page:
                     chatbot = self.chat.layout(visit)
                 with gr.Tab("Compare", id="compare-tab"):
                     self.compare.layout(visit)
+                if self.arena is not None and self.leaderboard is not None:
+                    with gr.Tab("Arena", id="arena-tab"):
+                        restored = self.arena.layout(visit)
+                    with gr.Tab("Leaderboard", id="leaderboard-tab") as board_tab:
+                        modality, board = self.leaderboard.layout()
+                    # A vote shows on the leaderboard at once; so does everyone else's on opening it.
+                    for event in [*self.arena.voted, board_tab.select]:
+                        event(self.leaderboard.refresh, [modality], board, show_progress="hidden", **PRIVATE)
             listed = self.history.layout(visit, chatbot, tabs)
             self.api.layout()
+            if self.leaderboard is not None:
+                self.leaderboard.api()
             loaded = demo.load(
                 self.resume,
                 [token, browser],
@@ -98,6 +114,8 @@ class Page:
             )
             loaded.then(None, [token, browser], None, js=WRITE_TOKEN, queue=False, **PRIVATE)
             loaded.then(self.history.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
+            if self.arena is not None:
+                loaded.then(self.arena.resumed, [visit], restored, show_progress="hidden", **PRIVATE)
             demo.unload(self.leave)
         return demo
 
@@ -118,7 +136,8 @@ def launch(demo: gr.Blocks, settings: Settings, block: bool = True, quiet: bool 
         Guard,
         upload_folder=demo.GRADIO_CACHE,
         allowed_hosts=allowed_hosts(settings.host, public_url),
-        public_api=CHAT_API,
+        # The leaderboard's endpoint exists where the arena does (`Page`).
+        public_api=(CHAT_API, LEADERBOARD_API) if settings.arena else (CHAT_API,),
     )
     demo.launch(
         root_path=public_url,

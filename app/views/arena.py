@@ -1,0 +1,322 @@
+"""The arena tab: a blind battle. Two models drawn from the operator's pool answer each message
+side by side as A and B; the user talks with both for as many turns as they like, votes, and
+only then sees the names. Votes go to the database (`app.history`) for the leaderboard.
+
+Every handler takes the tab's `Visit` and changes only its `arena` session and `battle`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from app import compare
+from app.arena import (
+    SIDES,
+    VERDICTS,
+    VOTE_WINDOW_S,
+    ArenaError,
+    Battle,
+    blind,
+    blind_state,
+    check_rate,
+    draw_pair,
+    modality_of,
+)
+from app.cards import ModelCard
+from app.compare import Comparison
+from app.conversation import ConversationError, Session, Turn, check_media, make_turn, user_message
+from app.engine import SamplingSettings
+from app.history import History, VoteRecord
+from app.leaderboard import OUTCOMES, Outcome
+from app.replies import Reply
+from app.sessions import Visit
+from app.views.chat import NO_VISIT, PRIVATE
+from app.views.services import WARNING, Playground
+from app.views.widgets import box_idle, box_streaming, message_box
+
+INTRO = (
+    "Two anonymous models answer your message side by side. Go on for as many turns as you like, "
+    "then vote: the names are shown after your vote. Each model uses its own default sampling."
+)
+NEXT = "Send a message to start the next battle, with two models drawn again."
+
+
+class ArenaView:
+    def __init__(self, playground: Playground, history: History, rng: random.Random | None = None) -> None:
+        self.playground = playground
+        self.history = history
+        self.rng = rng or random.SystemRandom()
+
+    @property
+    def pool(self) -> list[str]:
+        """The models battles are drawn from: the operator's list, else every model served here."""
+        chosen = self.playground.settings.arena_models
+        served = [key for key, choice in self.playground.choices.items() if not choice.reason]
+        return [key for key in served if key in chosen] if chosen else served
+
+    # --- handlers ----------------------------------------------------------------------------
+
+    async def ask(self, message: dict[str, Any], visit: Visit | None) -> AsyncIterator[tuple[Any, ...]]:
+        """A message for both sides: a new battle when none is on (or the last one had its vote),
+        then the two answers streamed side by side (the scheduler may make one side wait)."""
+        text, files = message.get("text") or "", list(message.get("files") or [])
+        session = visit.arena if visit is not None else Session()
+        names: dict[str, str] = {}
+        try:
+            if visit is None:
+                raise ConversationError(NO_VISIT)
+            if visit.battle is None or visit.battle.revealed:
+                session.close()
+                visit.battle = None
+                visit.battle = await self.draw(files)
+            battle = visit.battle
+            names = self.names(battle)
+            cards = [self.playground.servable(key) for key in battle.keys]
+            for side, card in zip(SIDES, cards, strict=True):
+                try:
+                    check_media(card, session.turns, files)
+                except ConversationError as error:
+                    text_ = blind(str(error), names).replace("Clear the chat", "Start a new battle")
+                    raise ArenaError(f"Model {side} cannot take this message: {text_}") from None
+            turn, clip = await make_turn(session, text, files, self.playground.decoder, cards[0].video_frames)
+        except Exception as error:
+            yield (
+                *self.view(visit),
+                box_idle(value=message),
+                blind_refusal(error, names),
+                gr.skip(),
+                gr.skip(),
+            )
+            return
+        earlier = list(session.turns)
+
+        async def messages_for(card: ModelCard) -> list[dict[str, Any]]:
+            side = battle.keys.index(card.key)
+            # Each side's own earlier answers are replayed to it, never the other side's.
+            turns = [replace(t, reply=t.columns[side]) for t in earlier] + [turn]
+            same_frames = clip is not None and card.video_frames == cards[0].video_frames
+            messages, _ = await self.playground.prompt_for(
+                card, turns, "", {turn.video: clip} if same_frames else None
+            )
+            return messages
+
+        comparison = Comparison(text, [Path(f).name for f in files], "", SamplingSettings())
+        session.turns.append(turn)
+        session.stop_requested = False
+        # The first update hides the vote (until both answers end) and the last battle's names.
+        first: tuple[Any, ...] = (box_streaming(value=None), "", gr.Column(visible=False), "")
+        async with contextlib.aclosing(
+            compare.run(self.playground.manager, comparison, cards, messages_for, media=turn.media)
+        ) as run:
+            async for update in run:
+                turn.columns = update.columns
+                yield *self.view(visit), *first
+                first = (gr.skip(), "", gr.skip(), gr.skip())
+                if session.stop_requested:
+                    break
+        turn.columns = comparison.columns
+        if all(column.state == "failed" for column in turn.columns):
+            session.turns.remove(turn)  # nothing to vote on: the message goes back to the box
+            notice = WARNING + blind(turn.columns[0].error, names)
+            yield *self.view(visit), box_idle(value=message), notice, gr.skip(), gr.skip()
+            return
+        yield *self.view(visit), box_idle(), "", gr.Column(visible=True), gr.skip()
+
+    def voter(self, outcome: Outcome) -> Callable[[str, Visit | None], Awaitable[tuple[Any, ...]]]:
+        async def vote(reason: str, visit: Visit | None) -> tuple[Any, ...]:
+            return await self.vote(outcome, reason, visit)
+
+        return vote
+
+    async def vote(self, outcome: Outcome, reason: str, visit: Visit | None) -> tuple[Any, ...]:
+        """Stores the vote (within the browser's hourly limit), then shows the names."""
+        battle = visit.battle if visit is not None else None
+        try:
+            if visit is None:
+                raise ConversationError(NO_VISIT)
+            if battle is None or not visit.arena.turns:
+                raise ArenaError("Send a message first: both models answer it, then you vote.")
+            if battle.revealed:
+                raise ArenaError(f"This battle has had its vote. {NEXT}")
+            if not all(column.ended for turn in visit.arena.turns for column in turn.columns):
+                raise ArenaError("Wait for both answers to end (or stop them), then vote.")
+            battle.outcome = outcome  # before any await: a second click finds the vote cast
+            try:
+                await self.store(visit, battle, outcome, reason)
+            except Exception:
+                battle.outcome = None
+                raise
+        except Exception as error:
+            return *self.heads(visit), WARNING + user_message(error), gr.skip(), gr.skip(), gr.skip()
+        return *self.heads(visit), "", gr.Column(visible=False), reveal(battle, self.playground), ""
+
+    async def store(self, visit: Visit, battle: Battle, outcome: Outcome, reason: str) -> None:
+        history = self.history
+        now = history.clock()
+        times = await asyncio.to_thread(history.vote_times, visit.browser_id, now - VOTE_WINDOW_S)
+        check_rate(times, self.playground.settings.arena_votes_per_hour, now)
+        turns = visit.arena.turns
+        record = VoteRecord(
+            battle_id=battle.id,
+            browser_id=visit.browser_id,
+            model_a=battle.keys[0],
+            model_b=battle.keys[1],
+            outcome=outcome,
+            reason=reason.strip()[:500],
+            modality=modality_of(sum(len(t.images) for t in turns), sum(t.video is not None for t in turns)),
+            prompt_tokens=max(column.prompt_tokens for column in turns[-1].columns),
+        )
+        await asyncio.to_thread(history.add_votes, [record])
+
+    def new_battle(self, visit: Visit | None) -> tuple[Any, ...]:
+        if visit is not None:
+            visit.arena.close()
+            visit.battle = None
+        return *self.view(visit), box_idle(value=None), "", gr.Column(visible=False), ""
+
+    def stop(self, visit: Visit | None) -> None:
+        if visit is not None:
+            visit.arena.stop_requested = True
+
+    def resumed(self, visit: Visit | None) -> tuple[Any, ...]:
+        """After a (re)load: the battle as it was, the vote buttons if it awaits a vote."""
+        battle = visit.battle if visit is not None else None
+        awaiting = battle is not None and not battle.revealed and bool(visit and visit.arena.turns)
+        shown = reveal(battle, self.playground) if battle is not None and battle.revealed else ""
+        return *self.view(visit), gr.Column(visible=awaiting), shown
+
+    # --- what the handlers share ----------------------------------------------------------------
+
+    async def draw(self, files: list[str]) -> Battle:
+        """A new battle between two models of the pool that both take `files`."""
+        takers = []
+        for key in self.pool:
+            card = self.playground.choices[key].card
+            with contextlib.suppress(ConversationError):
+                check_media(card, [], files)
+                takers.append(key)
+        if len(takers) < 2:
+            what = "this message's files" if files else "a message"
+            raise ArenaError(f"The arena needs two models that take {what}; this server has {len(takers)}.")
+        pairs = await asyncio.to_thread(self.history.pair_votes)
+        return Battle(draw_pair(takers, pairs, self.rng))
+
+    def names(self, battle: Battle) -> dict[str, str]:
+        """Every way a battle's models could be named in a line the user sees -> its side."""
+        named: dict[str, str] = {}
+        for side, key in zip(SIDES, battle.keys, strict=True):
+            card = self.playground.choices[key].card
+            named.update({key: side, card.display_name: side, card.source: side})
+        return named
+
+    def view(self, visit: Visit | None) -> tuple[Any, ...]:
+        """Both sides' conversations and their heads."""
+        battle = visit.battle if visit is not None else None
+        turns = visit.arena.turns if visit is not None else []
+        names = self.names(battle) if battle is not None else {}
+        chats = [side_conversation(turns, index, battle, names) for index in range(2)]
+        return *chats, *self.heads(visit)
+
+    def heads(self, visit: Visit | None) -> tuple[str, str]:
+        battle = visit.battle if visit is not None else None
+        turns = visit.arena.turns if visit is not None else []
+        heads = []
+        for index, side in enumerate(SIDES):
+            title = f"### Model {side}"
+            if battle is not None and battle.revealed:
+                title += f": {self.playground.choices[battle.keys[index]].card.display_name}"
+            last = turns[-1].columns[index] if turns and turns[-1].columns else None
+            heads.append(f"{title}\n{blind_state(last)}" if last is not None else title)
+        return heads[0], heads[1]
+
+    # --- layout ------------------------------------------------------------------------------
+
+    def layout(self, visit: gr.State) -> list[Any]:
+        """The tab; returns what a page load restores. `self.voted` holds the vote events' `then`
+        (the page chains the leaderboard's refresh to them)."""
+        gr.Markdown(INTRO)
+        notice = gr.Markdown(elem_id="arena-notice")
+        chats, heads = [], []
+        with gr.Row():
+            for side in SIDES:
+                with gr.Column(min_width=260):
+                    heads.append(gr.Markdown(f"### Model {side}", elem_id=f"arena-head-{side.lower()}"))
+                    chats.append(
+                        gr.Chatbot(
+                            elem_id=f"arena-{side.lower()}",
+                            height=380,
+                            label=f"Model {side}",
+                            show_label=False,
+                            buttons=["copy"],
+                        )
+                    )
+        with gr.Column(visible=False, elem_id="arena-votes") as votes:
+            with gr.Row():
+                buttons = {o: gr.Button(VERDICTS[o], elem_id=f"arena-vote-{o}", size="sm") for o in OUTCOMES}
+            reason = gr.Textbox(
+                label="Why? (optional; stored with your vote)", max_length=500, elem_id="arena-reason"
+            )
+        shown = gr.Markdown(elem_id="arena-reveal")
+        box = message_box("arena-input", "A message for both models (text, images or a clip)")
+        new = gr.Button("New battle", elem_id="arena-new", size="sm")
+        asked = box.submit(
+            self.ask,
+            [box, visit],
+            [*chats, *heads, box, notice, votes, shown],
+            show_progress="hidden",
+            **PRIVATE,
+        )
+        asked.then(box_idle, None, [box], show_progress="hidden", queue=False, **PRIVATE)
+        box.stop(self.stop, [visit], None, concurrency_limit=None, **PRIVATE)
+        self.voted = [
+            button.click(
+                self.voter(outcome), [reason, visit], [*heads, notice, votes, shown, reason], **PRIVATE
+            ).then
+            for outcome, button in buttons.items()
+        ]
+        new.click(self.new_battle, [visit], [*chats, *heads, box, notice, votes, shown], **PRIVATE)
+        self.restored = [*chats, *heads, votes, shown]
+        return self.restored
+
+
+def side_conversation(
+    turns: list[Turn], index: int, battle: Battle | None, names: dict[str, str]
+) -> list[dict[str, Any]]:
+    """One side's conversation as its Chatbot shows it; no model's name until the vote."""
+    messages: list[dict[str, Any]] = []
+    for turn in turns:
+        messages += [{"role": "user", "content": {"path": str(path)}} for path in turn.files]
+        if turn.text:
+            messages.append({"role": "user", "content": turn.text})
+        if index >= len(turn.columns):
+            continue
+        reply: Reply = turn.columns[index]
+        if reply.answer:
+            messages.append({"role": "assistant", "content": reply.answer})
+        elif reply.state == "failed":
+            messages.append({"role": "assistant", "content": WARNING + blind(reply.error, names)})
+        elif not reply.ended:
+            messages.append({"role": "assistant", "content": f"Model {SIDES[index]}: {blind_state(reply)}"})
+    return messages
+
+
+def blind_refusal(error: Exception, names: dict[str, str]) -> str:
+    return WARNING + blind(user_message(error), names)
+
+
+def reveal(battle: Battle | None, playground: Playground) -> str:
+    if battle is None or battle.outcome is None:
+        return ""
+    a, b = (playground.choices[key].card.display_name for key in battle.keys)
+    return (
+        f"**Model A** was **{a}**; **Model B** was **{b}**. Your vote: *{VERDICTS[battle.outcome]}*, "
+        f"counted on the leaderboard. {NEXT}"
+    )

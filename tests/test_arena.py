@@ -1,0 +1,243 @@
+"""The arena: its rules as properties (which pairs are drawn, the vote limit, nothing named
+before the vote), then whole battles through the arena's handlers on the real engine with the
+demo twins and a real SQLite database. The page itself is tested in Chromium (`test_ui.py`)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from PIL import Image
+
+from app.arena import (
+    VOTE_WINDOW_S,
+    ArenaError,
+    blind,
+    check_rate,
+    draw_pair,
+    modality_of,
+    pair_of,
+    pair_weights,
+    retry_after_s,
+)
+from app.cards import ModelCard
+from app.config import Settings
+from app.engine import EngineManager
+from app.history import History, VoteRecord, new_id, sqlite_url
+from app.leaderboard import Vote
+from app.media import VideoDecoderPool
+from app.sessions import Visit
+from app.views import Playground
+from app.views.arena import ArenaView
+from app.views.leaderboard import LeaderboardView
+from app.vllm_engine import VllmEngineFactory
+
+MODELS = st.lists(st.sampled_from([f"m{i}" for i in range(8)]), min_size=2, max_size=8, unique=True)
+
+
+# --- the rules -------------------------------------------------------------------------------
+
+
+@given(models=MODELS, data=st.data(), seed=st.integers(0, 2**32 - 1))
+def test_a_draw_is_two_different_models_of_the_pool_and_every_pair_can_be_drawn(models, data, seed):
+    pairs = [pair_of(a, b) for i, a in enumerate(models) for b in models[i + 1 :]]
+    votes = {pair: data.draw(st.integers(0, 1000)) for pair in pairs}
+    a, b = draw_pair(models, votes, random.Random(seed))
+    assert a != b and {a, b} <= set(models)
+    weights = pair_weights(models, votes)
+    assert set(weights) == set(pairs)
+    # Fewer votes, more weight: the order of the weights is the reverse order of the votes.
+    for p in pairs:
+        for q in pairs:
+            if votes[p] < votes[q]:
+                assert weights[p] > weights[q]
+
+
+def test_pairs_with_fewer_votes_are_drawn_more_often_and_sides_are_random():
+    votes = {("m0", "m1"): 0, ("m0", "m2"): 9, ("m1", "m2"): 9}
+    rng = random.Random(7)
+    drawn = [draw_pair(["m0", "m1", "m2"], votes, rng) for _ in range(4000)]
+    pairs = Counter(pair_of(*d) for d in drawn)
+    # Weights 1, 0.1 and 0.1: the unvoted pair is drawn 1 / 1.2 of the time.
+    assert pairs[("m0", "m1")] / len(drawn) == pytest.approx(1 / 1.2, abs=0.03)
+    first = Counter(d[0] for d in drawn if pair_of(*d) == ("m0", "m1"))
+    assert first["m0"] / sum(first.values()) == pytest.approx(0.5, abs=0.04)
+
+
+def test_fewer_than_two_models_is_a_line_not_a_crash():
+    with pytest.raises(ArenaError, match="needs two models"):
+        draw_pair(["m0"], {}, random.Random(0))
+
+
+@pytest.mark.parametrize(
+    ("images", "videos", "modality"),
+    [(0, 0, "text"), (1, 0, "image"), (3, 0, "images"), (2, 1, "video"), (0, 1, "video")],
+)
+def test_a_battles_modality_counts_every_file_of_every_turn(images, videos, modality):
+    assert modality_of(images, videos) == modality
+
+
+@given(
+    times=st.lists(st.floats(0, 2 * VOTE_WINDOW_S, allow_nan=False), max_size=12),
+    limit=st.integers(1, 6),
+)
+def test_a_browser_votes_at_most_the_limit_in_any_hour(times, limit):
+    now = 2 * VOTE_WINDOW_S
+    recent = [t for t in times if t > now - VOTE_WINDOW_S]
+    wait = retry_after_s(times, limit, now)
+    if len(recent) < limit:
+        assert wait == 0
+        check_rate(times, limit, now)
+    else:
+        assert wait > 0
+        with pytest.raises(ArenaError, match=f"cast {limit} votes in the last hour"):
+            check_rate(times, limit, now)
+        # Once that long has passed, the window holds one vote fewer than the limit.
+        later = now + wait + 1e-6
+        assert retry_after_s(times, limit, later) == 0
+        assert len([t for t in times if t > later - VOTE_WINDOW_S]) < limit
+
+
+@given(
+    names=st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=4, unique=True),
+    filler=st.text(max_size=20),
+)
+def test_blind_lines_name_no_model(names, filler):
+    line = filler.join([*names, *reversed(names)])
+    hidden = blind(line, {name: "A" for name in names})
+    # Every name, even one inside another, is gone: only what "Model A" is made of can remain.
+    for name in names:
+        assert name not in hidden or name in "Model A"
+
+
+# --- battles on the real engine ----------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def arena(
+    loop, tiny_cards: dict[str, ModelCard], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[ArenaView, LeaderboardView, History, Clock]]:
+    settings = Settings(gpu_count=0, arena_models=("tiny-a", "tiny-b"), arena_votes_per_hour=3)
+    manager = EngineManager(tiny_cards, settings, VllmEngineFactory(settings))
+    decoder = VideoDecoderPool(workers=1)
+    folder, clock = tmp_path_factory.mktemp("arena"), Clock()
+    history = History(sqlite_url(folder), folder / "media", clock=clock)
+    playground = Playground(manager, settings, decoder, history)
+    yield (
+        ArenaView(playground, history, random.Random(3)),
+        LeaderboardView(playground, history),
+        history,
+        clock,
+    )
+    loop.run(manager.close())
+    history.close()
+    decoder.close()
+
+
+async def collect(updates: AsyncIterator[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    return [update async for update in updates]
+
+
+def every_name(view: ArenaView) -> set[str]:
+    cards = [view.playground.choices[key].card for key in ("tiny-a", "tiny-b")]
+    return {name for card in cards for name in (card.key, card.display_name, card.source)}
+
+
+def shown(update: tuple[Any, ...]) -> str:
+    """What a handler's update puts on the page, as text (chat messages, heads, notices)."""
+    return " ".join(str(getattr(part, "value", part)) for part in update)
+
+
+def test_a_battle_of_two_turns_is_blind_until_the_vote_then_named_and_counted(loop, arena, tmp_path: Path):
+    view, board, history, _ = arena
+    visit = Visit(browser_id="browser-1")
+    picture = tmp_path / "red.png"
+    Image.new("RGB", (64, 48), "red").save(picture)
+    first = loop.run(collect(view.ask({"text": "What colour is it?", "files": [str(picture)]}, visit)))
+    second = loop.run(collect(view.ask({"text": "Say it again.", "files": []}, visit)))
+    battle = visit.battle
+    assert battle is not None and set(battle.keys) == {"tiny-a", "tiny-b"}
+    names = every_name(view)
+    for update in first + second:
+        assert not any(name in shown(update) for name in names), shown(update)
+    turns = visit.arena.turns
+    assert len(turns) == 2 and all(column.state == "done" for turn in turns for column in turn.columns)
+    # Each side's second prompt replays its own first answer, never the other side's.
+    for side, other in ((0, 1), (1, 0)):
+        mine, theirs = turns[0].columns[side].answer.strip(), turns[0].columns[other].answer.strip()
+        assert turns[1].columns[side].key == battle.keys[side]
+        assert mine in turns[1].columns[side].prompt
+        if theirs and theirs not in mine:
+            assert theirs not in turns[1].columns[side].prompt
+    # The vote stores the battle and shows the names; a second vote on it is refused.
+    heads_a, heads_b, notice, _, revealed, reason = loop.run(view.vote("a", "  clearer  ", visit))
+    display = {key: view.playground.choices[key].card.display_name for key in battle.keys}
+    assert notice == "" and display[battle.keys[0]] in heads_a and display[battle.keys[1]] in heads_b
+    assert f"**Model A** was **{display[battle.keys[0]]}**" in revealed and reason == ""
+    assert history.votes() == [Vote(*battle.keys, "a")]
+    assert history.votes("image") == [Vote(*battle.keys, "a")] and history.votes("text") == []
+    again = loop.run(view.vote("b", "", visit))
+    assert "has had its vote" in again[2] and history.votes() == [Vote(*battle.keys, "a")]
+    # The leaderboard counts it: the winner first, one vote each.
+    table = loop.run(board.board("all"))
+    assert table["votes"] == 1 and [row["model"] for row in table["rows"]] == list(battle.keys)
+    assert [row["votes"] for row in table["rows"]] == [1, 1] and table["rows"][0]["win_rate"] == 1.0
+    assert loop.run(board.board("video"))["rows"] == []
+
+
+def test_votes_beyond_the_hourly_limit_are_refused_in_one_line_until_the_hour_has_passed(loop, arena):
+    view, _, history, clock = arena
+    visit = Visit(browser_id="browser-2")
+    earlier = [
+        VoteRecord(
+            battle_id=new_id(),
+            browser_id="browser-2",
+            model_a="tiny-a",
+            model_b="tiny-b",
+            outcome="tie",
+            modality="text",
+        )
+        for _ in range(3)
+    ]
+    history.add_votes(earlier)  # the limit is 3 an hour
+    loop.run(collect(view.ask({"text": "Hello.", "files": []}, visit)))
+    before = len(history.votes())
+    notice = loop.run(view.vote("tie", "", visit))[2]
+    assert "cast 3 votes in the last hour" in notice and "vote again in about 60 minutes" in notice
+    assert len(history.votes()) == before and not visit.battle.revealed
+    clock.now += VOTE_WINDOW_S + 1
+    assert loop.run(view.vote("tie", "", visit))[2] == ""
+    assert len(history.votes()) == before + 1 and visit.battle.revealed
+
+
+def test_a_message_only_one_model_takes_starts_no_battle_and_says_why_without_names(loop, arena):
+    view, *_ = arena
+    visit = Visit(browser_id="browser-3")
+    clip = Path(__file__).resolve().parent.parent / "static" / "examples" / "colour_change.mp4"
+    (update,) = loop.run(collect(view.ask({"text": "What happens?", "files": [str(clip)]}, visit)))
+    notice = update[5]
+    # The LLaVA twin takes no video: the pool of two has one model for it.
+    assert "needs two models that take this message's files; this server has 1" in notice
+    assert not any(name in shown(update) for name in every_name(view)) and visit.battle is None
+    # The message stays in the box to change.
+    assert update[4].value["text"] == "What happens?"
+
+
+def test_voting_before_any_answer_or_mid_battle_is_refused(loop, arena):
+    view, *_ = arena
+    visit = Visit(browser_id="browser-4")
+    assert "Send a message first" in loop.run(view.vote("a", "", visit))[2]
