@@ -79,6 +79,23 @@ QWEN_PATCH_PIXELS = 28 * 28
 DEFAULT_IMAGE_TOKENS = 256
 
 
+class Grounding(StrictModel):
+    """How the model writes boxes in its answers (`app.grounding`): the syntax its family
+    documents, the frame its coordinates count in, and where that is documented."""
+
+    syntax: Literal["qwen_json", "qwen2_tokens", "loc_tokens", "ref_box", "glm_box", "ref_det"]
+    frame: Literal["pixels", "thousandths", "thousandths_999", "loc_bins"]
+    # For the `pixels` frame: the side multiple of the processor's resize (28 for Qwen2.5-VL).
+    resize_factor: int | None = Field(None, ge=1)
+    documented_in: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _factor_for_pixels(self) -> Grounding:
+        if (self.frame == "pixels") != (self.resize_factor is not None):
+            raise ValueError("resize_factor is given exactly when the frame is pixels")
+        return self
+
+
 @dataclass(frozen=True)
 class Availability:
     available: bool
@@ -123,6 +140,8 @@ class ModelCard(StrictModel):
     # Tokens per image or frame for the size check; by default derived from the engine arguments.
     visual_tokens: VisualTokens | None = None
     unsupported_reason: str | None = None
+    # Boxes in its answers, drawn on the picture (models that ground objects).
+    grounding: Grounding | None = None
     # For a model made on this machine (the demo models): where it comes from, in words. Its
     # `hf_repo` is then a folder on this server, which users are never shown.
     made_here: str | None = None

@@ -9,6 +9,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from app.cards import ModelCard
@@ -41,6 +42,9 @@ class Reply:
     # What was sent with the prompt, as users are told: the media with their sizes, and sampling.
     media: list[str] = field(default_factory=list)
     sampling: dict[str, Any] = field(default_factory=dict)
+    # The boxes the answer names, drawn on the picture it is about (cards that ground).
+    boxes_drawn: Path | None = None
+    box_count: int = 0
 
     @classmethod
     def of(cls, card: ModelCard, **details: Any) -> Reply:

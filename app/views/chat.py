@@ -128,6 +128,7 @@ class ChatView:
             turn.reply.state = "failed"
             yield conversation(session), box_idle(), refusal(error), gr.skip()
             return
+        await self.playground.draw_boxes(card, session, turn, turn.reply)
         yield conversation(session), box_idle(), "", size_line(card, size, turn.reply.prompt_tokens or None)
 
     def stop(self, visit: Visit | None) -> None:
@@ -307,7 +308,16 @@ def conversation(session: Session) -> list[dict[str, Any]]:
             continue
         if reply.answer:
             messages.append({"role": "assistant", "content": reply.answer})
-        elif not reply.ended:
+        if reply.boxes_drawn is not None:
+            boxes = f"{reply.box_count} box{'es' if reply.box_count != 1 else ''}"
+            picture = gr.Image(
+                str(reply.boxes_drawn),
+                label=f"The {boxes} this answer names, drawn on the picture",
+                elem_classes=["boxes"],
+                buttons=["download", "fullscreen"],
+            )
+            messages.append({"role": "assistant", "content": picture})
+        if not reply.answer and not reply.ended:
             messages.append(
                 {"role": "assistant", "content": f"{WAITING}: {reply.display_name} is {reply.state}"}
             )

@@ -5,6 +5,7 @@ and the steps from a user's message to a measured reply. Nothing here lays out a
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,12 +14,15 @@ from typing import Any
 from app import compare
 from app.cards import ModelCard
 from app.config import Settings
-from app.conversation import ConversationError, Turn, check_fits, engine_messages, user_message
+from app.conversation import ConversationError, Session, Turn, check_fits, engine_messages, user_message
 from app.engine import EngineManager, SamplingSettings, card_sampling
+from app.grounding import draw_answer_boxes
 from app.history import History
 from app.media import VideoDecoderPool
 from app.replies import Reply, stream_reply
 from app.sessions import SessionStore
+
+log = logging.getLogger(__name__)
 
 MAX_TOKENS_SLIDER = 4096
 WARNING = "⚠️ "
@@ -118,6 +122,24 @@ class Playground:
         system = system if card.takes_system_prompt else ""
         messages = await engine_messages(turns, system, self.decoder, card.video_frames, clips)
         return messages, check_fits(card, messages)
+
+    async def draw_boxes(self, card: ModelCard, session: Session, turn: Turn, reply: Reply) -> None:
+        """Once an answer has ended: the boxes it names (cards that ground) drawn on the latest
+        picture sent up to its turn, into the session's folder. The answer's text stays as it is."""
+        if card.grounding is None or not reply.answer:
+            return
+        sent = [
+            image for earlier in session.turns[: session.turns.index(turn) + 1] for image in earlier.images
+        ]
+        if not sent:
+            return
+        out = session.folder / f"boxes-{len(list(session.folder.iterdir())):04d}.png"
+        try:
+            count = await asyncio.to_thread(draw_answer_boxes, card, reply.answer, sent[-1], out)
+        except Exception:  # a picture gone or unreadable: the answer shows without its drawing
+            log.warning("could not draw the boxes of an answer", exc_info=True)
+            return
+        reply.boxes_drawn, reply.box_count = (out, count) if count else (None, 0)
 
     def reply_stream(
         self, card: ModelCard, messages: list[dict[str, Any]], sampling: SamplingSettings, reply: Reply
