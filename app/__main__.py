@@ -1,4 +1,5 @@
-"""`python -m app`: starts VLM Playground in the browser (`--list`: prints the catalog instead).
+"""`python -m app`: starts VLM Playground in the browser (`--list`: prints the catalog instead;
+`eval`: runs a prompt set across models into a report, `app.evaluate`).
 
 Every model card is loaded and validated first (a bad card stops it with the file name). On a
 machine that can serve none of the catalog (no GPU, no remote engine), random-weight twins of two
@@ -36,6 +37,7 @@ if TYPE_CHECKING:  # SQLAlchemy is imported only to serve (not for --list)
 PREFERRED_DEFAULTS = ("qwen2_5_vl", "qwen2_vl", "phi3_v", "llava")
 
 log = logging.getLogger(__name__)
+EVAL_HELP = "python -m app eval --help: run a prompt set across models into a report, without a browser"
 
 
 def catalog_rows(cards: dict[str, ModelCard], settings: Settings) -> list[tuple[str, ...]]:
@@ -148,7 +150,18 @@ def serve(cards: dict[str, ModelCard], settings: Settings, history: History | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app", description=__doc__)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["eval"]:  # a prompt set across models, into a report (app.evaluate)
+        from app.evaluate import main as evaluate
+
+        code = evaluate(argv[1:])
+        # vLLM's AsyncLLM objects, already shut down, shut down again when the interpreter
+        # collects them at exit, after their modules are gone, and print a TypeError traceback:
+        # this command's work is done and written, so it ends here.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    parser = argparse.ArgumentParser(prog="python -m app", description=__doc__, epilog=EVAL_HELP)
     parser.add_argument("--list", action="store_true", help="print the catalog and exit")
     parser.add_argument("--available", action="store_true", help="with --list: only servable models")
     parser.add_argument("--markdown", action="store_true", help="with --list: the README's catalog table")

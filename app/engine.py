@@ -385,6 +385,10 @@ class EngineManager:
         engine = self._slot(key).engine
         return engine.unfinished_requests() if engine is not None else 0
 
+    def waiting_models(self) -> set[str]:
+        """The models that requests wait in line for now (a grid run gives way to them)."""
+        return {ticket.slot.card.key for ticket in self._line}
+
     def engines(self) -> dict[str, tuple[Engine, tuple[int, ...], bool]]:
         """Every engine that serves or sleeps now, with its devices and whether it sleeps."""
         return {k: (s.engine, s.devices, s.asleep) for k, s in self._slots.items() if s.engine is not None}

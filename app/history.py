@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 THUMBNAIL_SIDE = 160
 TITLE_LENGTH = 60
-Kind = Literal["chat", "compare"]
+Kind = Literal["chat", "compare", "grid"]
 
 
 class HistoryError(ValueError):
@@ -91,6 +91,9 @@ class ReplyRecord(Record):
 
 class TurnRecord(Record):
     text: str
+    # A grid run's turn is one item of its prompt set: the item's id and expected answer.
+    item_id: str = Field(default="", max_length=80)
+    expected: str = ""
     media: list[MediaRecord] = Field(default_factory=list)
     replies: list[ReplyRecord] = Field(default_factory=list)
 
@@ -184,6 +187,8 @@ class TurnRow(Base):
     # The record's media and replies as JSON: read and written whole, never queried inside.
     media: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     replies: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    item_id: Mapped[str] = mapped_column(String(80), default="", server_default="")
+    expected: Mapped[str] = mapped_column(Text, default="", server_default="")
     links: Mapped[list[MediaLink]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
 
 
@@ -399,6 +404,8 @@ class History:
                     TurnRow(
                         position=position,
                         text=turn.text,
+                        item_id=turn.item_id,
+                        expected=turn.expected,
                         media=[m.model_dump() for m in turn.media],
                         replies=[r.model_dump() for r in turn.replies],
                         links=[MediaLink(hash=h) for h in dict.fromkeys(m.hash for m in turn.media)],
@@ -440,6 +447,8 @@ class History:
                 turns=[
                     TurnRecord(
                         text=t.text,
+                        item_id=t.item_id,
+                        expected=t.expected,
                         media=[MediaRecord.model_validate(m) for m in t.media],
                         replies=[ReplyRecord.model_validate(r) for r in t.replies],
                     )

@@ -202,7 +202,7 @@ def test_the_migrations_match_the_tables_and_running_them_again_keeps_the_data(h
     with history.engine.connect() as connection:
         context = MigrationContext.configure(connection)
         assert compare_metadata(context, Base.metadata) == []
-        assert context.get_current_revision() == "0002"
+        assert context.get_current_revision() == "0003"
     again = History(url, history.media_dir)  # an app restart or an upgrade
     assert again.load("browser-1", record.id).turns[0].text == "kept"
     again.close()
@@ -315,11 +315,20 @@ def test_an_upgrade_from_the_first_version_keeps_its_conversations(url: str, tmp
                 "('0123456789abcdef0123456789abcdef', 'browser-1', 'chat', 'Old', '', '', 1.0, 2.0)"
             )
         )
+        connection.execute(
+            text(
+                "INSERT INTO turns (conversation_id, position, text, media, replies) VALUES "
+                "('0123456789abcdef0123456789abcdef', 0, 'An old question', '[]', '[]')"
+            )
+        )
     engine.dispose()
     history = History(url, tmp_path / "media")
     try:
         assert [s.title for s in history.list("browser-1")] == ["Old"]
         assert history.votes() == []
+        # Version 0003's grid fields are empty on the turns made before it.
+        (turn,) = history.load("browser-1", "0123456789abcdef0123456789abcdef").turns
+        assert (turn.text, turn.item_id, turn.expected) == ("An old question", "", "")
     finally:
         history.close()
 
