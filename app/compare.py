@@ -87,7 +87,11 @@ async def run(
 
 
 def to_json(comparison: Comparison) -> str:
-    return json.dumps(asdict(comparison), indent=2, ensure_ascii=False)
+    document = asdict(comparison)
+    for column in document["columns"]:
+        # A drawing of the answer's boxes is a file on this server: not for the export.
+        column.pop("boxes_drawn", None)
+    return json.dumps(document, indent=2, ensure_ascii=False)
 
 
 def to_markdown(comparison: Comparison) -> str:

@@ -422,17 +422,84 @@ def png_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
-REPORT_STYLE = """
-body{font-family:system-ui,sans-serif;margin:1.5rem;color:#222}
-table{border-collapse:collapse;width:100%}
-th,td{border:1px solid #ccc;padding:.5rem;vertical-align:top;text-align:left}
-th{background:#f4f4f4}
-.answer{white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:.9em}
-.facts{color:#666;font-size:.8em;margin-top:.3rem}
-.failed{color:#a00}
-.yes{color:#070}.no{color:#a00}
-img{max-width:160px;display:block;margin-bottom:.3rem}
+# The grid's own rules (scoped to it, so the page can show the same table), then the report's page.
+GRID_STYLE = """
+table.grid{border-collapse:collapse;width:100%;table-layout:fixed}
+.grid th,.grid td{border:1px solid #ccc;padding:.5rem;vertical-align:top;text-align:left}
+.grid td{overflow-wrap:anywhere}
+.grid th{background:#f4f4f4}
+.grid .answer{white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:.9em}
+.grid .facts{color:#666;font-size:.8em;margin-top:.3rem}
+.grid .failed{color:#a00}
+.grid .yes{color:#070}.grid .no{color:#a00}
+.grid img{max-width:160px;display:block;margin-bottom:.3rem}
 """
+REPORT_STYLE = "body{font-family:system-ui,sans-serif;margin:1.5rem;color:#222}" + GRID_STYLE
+
+
+def thumbnails(
+    run: GridRun, prompt_set: PromptSet, decoder: VideoDecoderPool | None = None
+) -> dict[str, str]:
+    """Every file of the run's items as a small inline JPEG (name -> data URI)."""
+    names = dict.fromkeys(name for item in run.items for name in item.media)
+    return {name: uri for name in names if (uri := thumbnail_uri(prompt_set.path(name), decoder))}
+
+
+def grid_table(run: GridRun, pictures: Mapping[str, str]) -> str:
+    """The grid as an HTML table: items as rows (thumbnails, question, expected answer), models
+    as columns (each answer with its time to first token and speed, boxes drawn where the model
+    grounds). The page shows it as it fills; the report wraps it."""
+    e = html.escape
+    head = "".join(f"<th>{e(run.names.get(key, key))}<br><code>{e(key)}</code></th>" for key in run.models)
+    body = []
+    for item in run.items:
+        shown = "".join(f'<img src="{pictures[n]}" alt="{e(n)}">' for n in item.media if n in pictures)
+        media = f"<div class=facts>{e(', '.join(item.media))}</div>" if item.media else ""
+        expected = f"<div class=facts>expected: {e(item.expected)}</div>" if item.expected else ""
+        cells = "".join(grid_cell(item, run.cell(item.id, key)) for key in run.models)
+        body.append(
+            f"<tr><td><b>{e(item.id)}</b>{shown}<div>{e(item.question)}</div>{media}{expected}</td>{cells}</tr>"
+        )
+    return (
+        f"<table class=grid><thead><tr><th>item</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    )
+
+
+def grid_cell(item: PromptItem, reply: Reply | None) -> str:
+    e = html.escape
+    if reply is None:
+        return "<td>not run</td>"
+    if reply.state == "failed":
+        return f"<td class=failed>{e(reply.error or 'failed')}</td>"
+    mark = matches(item.expected, reply.answer) if reply.state == "done" else None
+    verdict = (
+        ""
+        if mark is None
+        else f" · <span class={'yes' if mark else 'no'}>{'matches' if mark else 'differs'}</span>"
+    )
+    boxes = ""
+    if reply.boxes_drawn is not None and reply.boxes_drawn.is_file():
+        boxes = f'<img src="{png_uri(reply.boxes_drawn)}" alt="boxes drawn">'
+    facts = [reply.state]
+    if reply.ttft_s is not None:
+        facts.append(f"first token {reply.ttft_s:.2f} s")
+    if reply.tokens_per_s is not None:
+        facts.append(f"{reply.tokens_per_s:.1f} tok/s")
+    return (
+        f"<td>{boxes}<div class=answer>{e(reply.answer)}</div>"
+        f"<div class=facts>{' · '.join(facts)}{verdict}</div></td>"
+    )
+
+
+def describe_sampling(sampling: SamplingSettings) -> str:
+    def value(v: object) -> str:
+        return "each model's default" if v is None else str(v)
+
+    return (
+        f"temperature {value(sampling.temperature)}, top-p {value(sampling.top_p)}, "
+        f"max tokens {value(sampling.max_tokens)}, "
+        f"seed {'random' if sampling.seed is None else sampling.seed}"
+    )
 
 
 def to_html(
@@ -440,55 +507,28 @@ def to_html(
 ) -> str:
     """A report that opens anywhere with no server: thumbnails and drawn boxes are inline."""
     e = html.escape
-    head = "".join(f"<th>{e(run.names.get(key, key))}<br><code>{e(key)}</code></th>" for key in run.models)
-    body = []
-    for item in run.items:
-        pictures = ""
-        if prompt_set is not None:
-            for name in item.media:
-                uri = thumbnail_uri(prompt_set.path(name), decoder)
-                pictures += f'<img src="{uri}" alt="{e(name)}">' if uri else ""
-        media = f"<div class=facts>{e(', '.join(item.media))}</div>" if item.media else ""
-        expected = f"<div class=facts>expected: {e(item.expected)}</div>" if item.expected else ""
-        cells = []
-        for key in run.models:
-            reply = run.cell(item.id, key)
-            if reply is None:
-                cells.append("<td>not run</td>")
-                continue
-            if reply.state == "failed":
-                cells.append(f"<td class=failed>{e(reply.error or 'failed')}</td>")
-                continue
-            mark = matches(item.expected, reply.answer)
-            verdict = (
-                ""
-                if mark is None
-                else f" · <span class={'yes' if mark else 'no'}>{'matches' if mark else 'differs'}</span>"
-            )
-            boxes = ""
-            if reply.boxes_drawn is not None and reply.boxes_drawn.is_file():
-                boxes = f'<img src="{png_uri(reply.boxes_drawn)}" alt="boxes">'
-            facts = [reply.state]
-            if reply.ttft_s is not None:
-                facts.append(f"first token {reply.ttft_s:.2f} s")
-            if reply.tokens_per_s is not None:
-                facts.append(f"{reply.tokens_per_s:.1f} tok/s")
-            cells.append(
-                f"<td>{boxes}<div class=answer>{e(reply.answer)}</div>"
-                f"<div class=facts>{' · '.join(facts)}{verdict}</div></td>"
-            )
-        body.append(
-            f"<tr><td><b>{e(item.id)}</b>{pictures}<div>{e(item.question)}</div>{media}{expected}</td>{''.join(cells)}</tr>"
-        )
-    s = run.sampling
+    pictures = thumbnails(run, prompt_set, decoder) if prompt_set is not None else {}
     return (
         "<!doctype html><html><head><meta charset=utf-8>"
         f"<title>{e(run.set_name)}: {len(run.models)} models</title>"
         f"<style>{REPORT_STYLE}</style></head><body>"
         f"<h1>{e(run.set_name)}</h1>"
         f"<p>{len(run.items)} items on {len(run.models)} models · started {e(run.started)} · "
-        f"{run.done} of {run.total} answers · temperature {s.temperature}, top-p {s.top_p}, "
-        f"max tokens {s.max_tokens}, seed {'random' if s.seed is None else s.seed}</p>"
-        f"<table><thead><tr><th>item</th>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-        "</body></html>\n"
+        f"{run.done} of {run.total} answers · {e(describe_sampling(run.sampling))}</p>"
+        f"{grid_table(run, pictures)}</body></html>\n"
     )
+
+
+@dataclass
+class GridWork:
+    """A page's grid: the set it checked, what each model can run of it, and its run (kept to
+    resume). `close` deletes the set's uploaded or unzipped files."""
+
+    prompt_set: PromptSet
+    checked: Checked
+    run: GridRun | None = None
+    pictures: dict[str, str] = field(default_factory=dict)  # the set's thumbnails, made once
+    stop_requested: bool = False
+
+    def close(self) -> None:
+        self.prompt_set.close()

@@ -29,7 +29,7 @@ from pathlib import Path, PurePosixPath
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from app.cards import ModelCard
-from app.conversation import ConversationError, check_media, is_video
+from app.conversation import ConversationError, Turn, check_fits, check_media, engine_messages, is_video
 from app.media import MediaError, VideoDecoderPool, load_image
 
 MAX_ITEMS = 500
@@ -218,8 +218,15 @@ async def check_set(prompt_set: PromptSet, cards: Sequence[ModelCard], decoder: 
         for card in cards:
             try:
                 check_media(card, [], item.media)
+                if not any(is_video(name) for name in item.media):
+                    # The prompt's size, as the chat checks it (a clip's is checked when it runs).
+                    images = [prompt_set.path(name) for name in item.media]
+                    turn = Turn(text=item.question, images=images)
+                    messages = await engine_messages([turn], None, decoder, card.video_frames)
+                    await asyncio.to_thread(check_fits, card, messages)
             except ConversationError as error:
                 reason = str(error).replace(" Clear the chat to start over with new files.", "")
+                reason = reason.replace("This message would make", "This item would make")
                 checked.refused.append(f"{where}: {reason}")  # the reason names the model
                 checked.refused_cells[(item.id, card.key)] = reason
             else:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from app.arena import Battle
 from app.conversation import SESSION_FOLDER_PREFIX, Session
+from app.grid import GridWork
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,8 @@ class Visit:
     # The arena's conversation (each turn with one reply per side) and its two hidden models.
     arena: Session = field(default_factory=Session)
     battle: Battle | None = None
+    # The grid tab's prompt set and run.
+    grid: GridWork | None = None
     chat_model: str | None = None  # the model picked in the chat, restored after a reload
     # The browser's random id (kept in its localStorage): whose stored conversations these are.
     browser_id: str = ""
@@ -48,6 +51,8 @@ class Visit:
         self.chat.close()
         self.compare.close()
         self.arena.close()
+        if self.grid is not None:
+            self.grid.close()
 
 
 class SessionStore:

@@ -408,3 +408,25 @@ def test_the_command_line_runs_a_set_into_reports_and_resumes(tmp_path: Path):
         "--models", "nope,demo_llava", "--set", str(EXAMPLE_SET), "--out", str(report), env=env
     )
     assert wrong.returncode == 2 and wrong.stderr.strip().startswith("error: --models: no card 'nope'")
+
+
+def test_an_item_too_long_for_a_models_context_is_refused_up_front_for_that_model(
+    loop, tmp_path, decoder, cards
+):
+    twin = cards[TWIN]
+    short = twin.model_copy(
+        update={
+            "key": "short-context",
+            "reference_engine_args": {**twin.reference_engine_args, "max_model_len": 700},
+        }
+    )
+    (tmp_path / "one_shape.png").write_bytes((EXAMPLES / "one_shape.png").read_bytes())
+    lines = [
+        {"id": "short", "question": "Shape?", "media": ["one_shape.png"]},
+        {"id": "long", "question": "Describe it. " * 120, "media": ["one_shape.png"]},
+    ]
+    (tmp_path / "set.jsonl").write_text("\n".join(json.dumps(line) for line in lines))
+    checked = loop.run(check_set(read_set(tmp_path / "set.jsonl"), [twin, short], decoder))
+    assert checked.runnable == {TWIN: ["short", "long"], "short-context": ["short"]}
+    (line,) = checked.refused
+    assert line.startswith("item 2 (long): This item would make a prompt of") and "at most 700" in line

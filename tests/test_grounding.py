@@ -261,3 +261,23 @@ def test_the_chat_shows_the_drawn_picture_under_the_answer_and_keeps_the_raw_tex
     assert answer in contents  # the raw answer stays
     (image,) = [c for c in contents if isinstance(c, gr.Image)]
     assert image.label == "The 1 box this answer names, drawn on the picture"
+
+
+def test_a_comparison_shows_each_columns_boxes_and_its_export_names_no_server_file(tmp_path: Path):
+    from app.compare import Comparison, to_json
+    from app.engine import SamplingSettings
+    from app.views.compare import columns_view
+
+    card = CARDS["qwen3_vl"]
+    scene = picture(tmp_path)
+    answer = write("qwen_json", in_frame("qwen3_vl", (640, 360)))
+    drawn = tmp_path / "drawn.png"
+    count = draw_answer_boxes(card, answer, scene, drawn)
+    grounded = Reply.of(card, answer=answer, state="done", boxes_drawn=drawn, box_count=count)
+    plain = Reply.of(CARDS["llava"], answer="A green box.", state="done")
+    comparison = Comparison("Where?", ["scene.png"], "", SamplingSettings(), [grounded, plain])
+    images = [u for u in columns_view(comparison) if isinstance(u, gr.Image)]
+    assert [image.visible for image in images[:2]] == [True, False]
+    assert images[0].label == "The 1 box this answer names"
+    exported = to_json(comparison)
+    assert str(tmp_path) not in exported and "boxes_drawn" not in exported

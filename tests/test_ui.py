@@ -880,3 +880,112 @@ def test_a_blind_battle_of_two_turns_takes_a_vote_names_the_models_and_updates_t
     # And through the API.
     board = Client(served[1], verbose=False).predict("image", api_name="/leaderboard")
     assert board["votes"] == 1 and [row["model"] for row in board["rows"]] == [vote.model_b, vote.model_a]
+
+
+# --- prompt sets in a grid -----------------------------------------------------------------------
+
+
+def grid_done(page: Page) -> int:
+    """Answers done, from the progress bar."""
+    value = (
+        page.get_attribute("#grid-progress progress", "value")
+        if page.locator("#grid-progress progress").count()
+        else None
+    )
+    return int(value or 0)
+
+
+def test_a_prompt_set_runs_across_two_models_into_a_grid_stops_resumes_exports_and_reopens(
+    page: Page, served: tuple[Playground, str, RecordingFactory]
+):
+    history = served[0].history
+    assert history is not None
+    page.get_by_role("tab", name="Grid").click()
+    pick(page, "grid-builtin", "shapes-and-colours")
+    pick(page, "grid-models", "Shapes and colours")
+    pick(page, "grid-models", LABEL_B)
+    page.click("#grid-check")
+    report = poll(
+        lambda: "items on" in page.inner_text("#grid-notice") and page.inner_text("#grid-notice"), 60
+    )
+    # Six items, one refused up front for the LLaVA twin (it takes no clip), said so.
+    assert "6 items on 2 models; 11 of 12 answers can run." in report
+    assert "item 6 (clip-end): LLaVA 1.5 7B: random-weight twin does not take videos" in report
+    assert page.locator("#grid-table tbody tr").count() == 6  # the rows, before any answer
+
+    # Run, stop part-way, and resume: the answers kept are not asked again.
+    page.click("#grid-run")
+    poll(lambda: grid_done(page) >= 2, 240)
+    page.click("#grid-stop")
+    stopped = poll(
+        lambda: "Stopped with" in page.inner_text("#grid-notice") and page.inner_text("#grid-notice"), 120
+    )
+    kept = int(stopped.split("Stopped with ")[1].split()[0])
+    assert 2 <= kept < 12, stopped
+    page.click("#grid-run")
+    poll(lambda: "12 of 12 answers" in page.inner_text("#grid-progress"), 300)
+    table = page.inner_text("#grid-table")
+    # The seeing model's answers are right (the pixels reached it), each with its speed.
+    for answer in ("triangle", "right", "three", "green", "red"):
+        assert answer in table
+    assert table.count("first token") == 11 and table.count("matches") == 6
+    shoot(page, "grid.png")
+
+    # The HTML report stands alone: thumbnails inline.
+    with page.expect_download() as download:
+        page.click("#grid-html")
+    report_html = Path(download.value.path()).read_text(encoding="utf-8")
+    assert report_html.count("data:image/jpeg;base64,") == 7 and report_html.count("matches") == 6
+
+    # Stored in the history, and reopened there into the grid tab.
+    (stored,) = [s for s in history.list(browser_id(page)) if s.kind == "grid"]
+    assert stored.title == "Grid: shapes-and-colours" and stored.turns == 6
+    page.reload()
+    page.wait_for_selector("#chat-input textarea")
+    open_sidebar(page)
+    page.locator("#history-list label").filter(has_text="Grid: shapes-and-colours").click()
+    poll(lambda: "Reopened shapes-and-colours: 12 of 12 answers" in page.inner_text("#history-notice"), 60)
+    poll(lambda: "triangle" in page.inner_text("#grid-table"), 30)
+
+
+# --- document answers --------------------------------------------------------------------------
+
+DOCUMENT_ANSWER = (
+    "| item | price |\n| --- | --- |\n| tea | 3 |\n| cake | 4 |\n\n"
+    "Inline \\(E = mc^2\\) and on its own line:\n\n$$\\int_0^1 x\\,dx = \\frac{1}{2}$$\n\n"
+    "```python\nprint('total', 3 + 4)\n```\n"
+)
+
+
+def test_an_ocr_answer_renders_its_table_latex_and_code_and_copies_as_written(
+    page: Page, served: tuple[Playground, str, RecordingFactory]
+):
+    from app.history import ConversationRecord, ReplyRecord, TurnRecord, new_id
+
+    history = served[0].history
+    assert history is not None
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    reply = ReplyRecord(model=TINY_A, display_name=LABEL_A, answer=DOCUMENT_ANSWER)
+    record = ConversationRecord(
+        id=new_id(), title="A receipt", model=TINY_A, turns=[TurnRecord(text="Read it", replies=[reply])]
+    )
+    history.save(browser_id(page), record)
+    page.reload()
+    page.wait_for_selector("#chat-input textarea")
+    open_sidebar(page)
+    page.locator("#history-list label").filter(has_text="A receipt").click()
+    poll(lambda: page.locator("#chat [data-testid=bot] table").count() == 1, 30)
+    answer = page.locator("#chat [data-testid=bot]").first
+    assert answer.locator("table tbody tr").count() == 2
+    # Inline and display LaTeX typeset by KaTeX; the code as a code block.
+    assert answer.locator(".katex").count() >= 2 and answer.locator(".katex-display").count() == 1
+    assert "print('total', 3 + 4)" in answer.locator("pre code").inner_text()
+    assert "\\frac" not in answer.inner_text()
+    # The answer's copy button (the question has one too) gives it as the model wrote it.
+    answer.hover()
+    buttons = page.locator("#chat button[aria-label='Copy message']")
+    copied = []
+    for index in range(buttons.count()):
+        buttons.nth(index).click()
+        copied.append(poll(lambda: page.evaluate("navigator.clipboard.readText()"), 10).strip())
+    assert DOCUMENT_ANSWER.strip() in copied, copied

@@ -27,6 +27,7 @@ from app.seeing_model import SEEING_KEY
 from app.sessions import Visit
 from app.views.services import Playground, page_max_tokens, refusal
 from app.views.widgets import (
+    LATEX_DELIMITERS,
     SYSTEM_HINT,
     box_idle,
     box_streaming,
@@ -222,7 +223,14 @@ class ChatView:
                     ):
                         gr.Markdown("\n".join(f"- **{c.label}**: {c.reason}" for c in unavailable))
             with gr.Column(scale=3, min_width=320):
-                chatbot = gr.Chatbot(elem_id="chat", height=520, label="Conversation", buttons=["copy"])
+                chatbot = gr.Chatbot(
+                    elem_id="chat",
+                    height=520,
+                    label="Conversation",
+                    # Copies an answer's raw text (its Markdown and LaTeX as the model wrote them).
+                    buttons=["copy"],
+                    latex_delimiters=LATEX_DELIMITERS,
+                )
                 # Above the input box: a grown box pushed a refusal below the window's edge.
                 notice = gr.Markdown(elem_id="notice")
                 box = message_box(

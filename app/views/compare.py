@@ -16,10 +16,18 @@ from app import compare
 from app.cards import ModelCard
 from app.compare import Comparison
 from app.conversation import ConversationError, Session, check_media, make_turn
+from app.replies import Reply
 from app.sessions import Visit
 from app.views.chat import NO_VISIT, PRIVATE
 from app.views.services import WARNING, Playground, refusal, within_page_bounds
-from app.views.widgets import SYSTEM_HINT, box_idle, box_streaming, message_box, sampling_controls
+from app.views.widgets import (
+    LATEX_DELIMITERS,
+    SYSTEM_HINT,
+    box_idle,
+    box_streaming,
+    message_box,
+    sampling_controls,
+)
 
 
 class CompareView:
@@ -82,6 +90,9 @@ class CompareView:
                 sent, box = gr.skip(), gr.skip()
                 if session.stop_requested:
                     break
+        for card, column in zip(cards, comparison.columns, strict=True):
+            if column.state == "done":
+                await self.playground.draw_boxes(card, session, turn, column)
         yield *columns_view(comparison), gr.skip(), box_idle(), "", *self.exports(session, comparison)
 
     def stop(self, visit: Visit | None) -> None:
@@ -120,7 +131,16 @@ class CompareView:
             for index in range(compare.MAX_MODELS):
                 with gr.Column(visible=False, min_width=220) as column:
                     columns += [column, gr.Markdown(elem_id=f"compare-head-{index}")]
-                    columns.append(gr.Markdown(elem_id=f"compare-answer-{index}", buttons=["copy"]))
+                    columns.append(
+                        gr.Markdown(
+                            elem_id=f"compare-answer-{index}",
+                            buttons=["copy"],
+                            latex_delimiters=LATEX_DELIMITERS,
+                        )
+                    )
+                    columns.append(
+                        gr.Image(visible=False, interactive=False, elem_id=f"compare-boxes-{index}")
+                    )
         with gr.Row():
             export_json = gr.DownloadButton(
                 "Export JSON", elem_id="export-json", interactive=False, size="sm"
@@ -159,7 +179,15 @@ def columns_view(comparison: Comparison | None) -> list[Any]:
             column = columns[index]
             head = f"### {column.display_name}\n{column.header()}"
             body = column.answer or (f"{WARNING}{column.error}" if column.error else "…")
-            updates += [gr.Column(visible=True), head, body]
+            updates += [gr.Column(visible=True), head, body, boxes_view(column)]
         else:
-            updates += [gr.Column(visible=False), "", ""]
+            updates += [gr.Column(visible=False), "", "", gr.Image(value=None, visible=False)]
     return updates
+
+
+def boxes_view(column: Reply) -> gr.Image:
+    """The boxes a column's answer names, drawn on the picture (models that ground)."""
+    if column.boxes_drawn is None:
+        return gr.Image(value=None, visible=False)
+    boxes = f"{column.box_count} box{'es' if column.box_count != 1 else ''}"
+    return gr.Image(value=str(column.boxes_drawn), visible=True, label=f"The {boxes} this answer names")

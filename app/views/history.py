@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -17,8 +18,9 @@ from typing import Any
 import gradio as gr
 
 from app.compare import Comparison
-from app.conversation import Session, Turn, is_video
+from app.conversation import SESSION_FOLDER_PREFIX, Session, Turn, is_video
 from app.engine import SamplingSettings
+from app.grid import GridWork, from_record, thumbnails
 from app.history import (
     ConversationRecord,
     History,
@@ -29,10 +31,12 @@ from app.history import (
     TurnRecord,
     describe_media,
 )
+from app.promptsets import PromptSet, check_set
 from app.replies import Reply
 from app.sessions import Visit
 from app.views.chat import PRIVATE, ChatView, conversation
 from app.views.compare import CompareView, columns_view, sent_view
+from app.views.grid import GridView
 from app.views.services import Playground, refusal
 
 log = logging.getLogger(__name__)
@@ -97,18 +101,20 @@ def reply_record(reply: Reply) -> ReplyRecord:
 
 def summary_label(summary: Summary) -> str:
     when = time.strftime("%d %b %H:%M", time.localtime(summary.updated_at))
-    if summary.kind == "compare":
+    if summary.kind in ("compare", "grid"):
         models = len(summary.model.split(","))
-        return f"Compare: {summary.title} · {models} models · {when}"
+        title = summary.title if summary.kind == "grid" else f"Compare: {summary.title}"
+        return f"{title} · {models} models · {when}"
     turns = f"{summary.turns} turn{'s' if summary.turns != 1 else ''}"
     return f"{summary.title} · {turns} · {when}"
 
 
 class HistoryView:
-    def __init__(self, playground: Playground, chat: ChatView, compare: CompareView) -> None:
+    def __init__(self, playground: Playground, chat: ChatView, compare: CompareView, grid: GridView) -> None:
         self.playground = playground
         self.chat = chat
         self.compare = compare
+        self.grid = grid
         self.reopened: list[Any] = []  # what reopening a conversation updates (set by `layout`)
 
     @property
@@ -174,6 +180,9 @@ class HistoryView:
             record = await asyncio.to_thread(history.load, visit.browser_id, conversation_id)
         except HistoryError as error:
             return (*unchanged[:-1], str(error))
+        if record.kind == "grid":
+            notice = await self.grid_reopened(history, record, visit)
+            return (*unchanged[:3], gr.Tabs(selected="grid-tab"), *unchanged[4:-1], notice)
         session = Session(upload_root=visit.chat.upload_root)
         session.conversation_id = record.id
         missing = await asyncio.to_thread(self._restore, history, record, session)
@@ -197,6 +206,29 @@ class HistoryView:
             *skip_compare,
             notice,
         )
+
+    async def grid_reopened(self, history: History, record: ConversationRecord, visit: Visit) -> str:
+        """A stored grid run back in the grid tab (its files from the history's store), to read,
+        export, or finish: Run answers its cells not done."""
+        folder = Path(tempfile.mkdtemp(prefix=SESSION_FOLDER_PREFIX))
+        missing = False
+        for medium in {m.name: m for turn in record.turns for m in turn.media}.values():
+            path = history.media_file(medium.hash)
+            if path is None:
+                missing = True
+            else:
+                shutil.copyfile(path, folder / medium.name)
+        keys = [key for key in record.model.split(",") if key in self.playground.choices]
+        cards = [self.playground.choices[key].card for key in keys]
+        run = from_record(record, {card.key: card for card in cards}, SamplingSettings())
+        prompt_set = PromptSet(run.set_name, run.items, folder, unpacked=folder)
+        checked = await check_set(prompt_set, cards, self.playground.decoder)
+        if visit.grid is not None:
+            visit.grid.close()
+        visit.grid = GridWork(prompt_set, checked, run)
+        visit.grid.pictures = await asyncio.to_thread(thumbnails, run, prompt_set, self.playground.decoder)
+        gone = GONE_FILES.format(days=self.playground.settings.media_retention_days) if missing else ""
+        return f"Reopened {run.set_name}: {run.done} of {run.total} answers. {gone}".strip()
 
     def compare_shown(self, record: ConversationRecord, session: Session, notice: str) -> tuple[Any, ...]:
         turn = session.turns[0] if session.turns else Turn(text="")
@@ -373,6 +405,8 @@ class HistoryView:
             saved.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
         chat.cleared.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
         opened = listed.input(self.reopen, [listed, visit], self.reopened, **PRIVATE)
+        # A grid run reopens in the grid tab, which shows what the tab's grid now holds.
+        opened.then(self.grid.shown, [visit], self.grid.restored, show_progress="hidden", **PRIVATE)
         opened.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
         new.click(self.new_chat, [visit], [chatbot, listed, notice], **PRIVATE)
         rename.click(self.rename, [listed, title, visit], [title, notice], **PRIVATE).then(

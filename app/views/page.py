@@ -17,6 +17,7 @@ from app.views.api import CHAT_API, ChatApi
 from app.views.arena import ArenaView
 from app.views.chat import PRIVATE, ChatView
 from app.views.compare import CompareView
+from app.views.grid import GridView
 from app.views.guard import Guard, allowed_hosts
 from app.views.history import HistoryView
 from app.views.leaderboard import LEADERBOARD_API, LeaderboardView
@@ -64,7 +65,8 @@ class Page:
         self.chat = ChatView(playground)
         self.compare = CompareView(playground)
         self.api = ChatApi(self.chat)
-        self.history = HistoryView(playground, self.chat, self.compare)
+        self.grid = GridView(playground)
+        self.history = HistoryView(playground, self.chat, self.compare, self.grid)
         # The arena and its leaderboard keep their votes in the database (`app.history`).
         votes = playground.history if playground.settings.arena else None
         self.arena = ArenaView(playground, votes) if votes is not None else None
@@ -93,6 +95,8 @@ class Page:
                     chatbot = self.chat.layout(visit)
                 with gr.Tab("Compare", id="compare-tab"):
                     self.compare.layout(visit)
+                with gr.Tab("Grid", id="grid-tab"):
+                    grid_shown = self.grid.layout(visit)
                 if self.arena is not None and self.leaderboard is not None:
                     with gr.Tab("Arena", id="arena-tab"):
                         restored = self.arena.layout(visit)
@@ -116,6 +120,7 @@ class Page:
             loaded.then(self.history.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
             if self.arena is not None:
                 loaded.then(self.arena.resumed, [visit], restored, show_progress="hidden", **PRIVATE)
+            loaded.then(self.grid.shown, [visit], grid_shown, show_progress="hidden", **PRIVATE)
             demo.unload(self.leave)
         return demo
 

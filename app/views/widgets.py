@@ -20,6 +20,15 @@ STREAMING = {"submit_btn": False, "stop_btn": True}
 IDLE = {"submit_btn": True, "stop_btn": False}
 
 
+# LaTeX as OCR and document models write it: display between $$ or \[ \], inline between
+# \( \). A lone $ is left as text: it is far more often a price than a formula.
+LATEX_DELIMITERS: list[dict[str, str | bool]] = [
+    {"left": "$$", "right": "$$", "display": True},
+    {"left": "\\[", "right": "\\]", "display": True},
+    {"left": "\\(", "right": "\\)", "display": False},
+]
+
+
 def message_box(elem_id: str, placeholder: str) -> gr.MultimodalTextbox:
     return gr.MultimodalTextbox(
         elem_id=elem_id,
