@@ -282,7 +282,10 @@ class ArenaView:
             ).then
             for outcome, button in buttons.items()
         ]
-        new.click(self.new_battle, [visit], [*chats, *heads, box, notice, votes, shown], **PRIVATE)
+        # Each side's own trash icon ends the battle too: an emptied side must not hide one that
+        # still runs on (and would reappear with the next answer).
+        triggers = [new.click, *(chat.clear for chat in chats)]
+        gr.on(triggers, self.new_battle, [visit], [*chats, *heads, box, notice, votes, shown], **PRIVATE)
         self.restored = [*chats, *heads, votes, shown]
         return self.restored
 
