@@ -529,6 +529,7 @@ class GridWork:
     run: GridRun | None = None
     pictures: dict[str, str] = field(default_factory=dict)  # the set's thumbnails, made once
     stop_requested: bool = False
+    running: bool = False  # one run at a time: a second Run, or a new check, waits for it
 
     def close(self) -> None:
         self.prompt_set.close()

@@ -32,6 +32,7 @@ INTRO = (
     "and the files themselves or a `.zip` of them), or pick a built-in one. Each model answers "
     "every item before the next model is loaded; chat users go first."
 )
+RUNNING = "This set is running: stop it first, or wait for it to end."
 SET_FORMAT = (
     'One item a line: `{"id": "q1", "question": "What shape is it?", "media": ["a.png"], '
     '"expected": "circle"}` (CSV: columns `question`, `media` separated by `;`, `id`, `expected`).'
@@ -61,6 +62,8 @@ class GridView:
         try:
             if visit is None:
                 raise ConversationError(NO_VISIT)
+            if visit.grid is not None and visit.grid.running:
+                raise ConversationError(RUNNING)
             cards = self.cards(keys)
             prompt_set = await asyncio.to_thread(self.read, builtin, set_file, media or [])
             checked = await check_set(prompt_set, cards, self.playground.decoder)
@@ -93,13 +96,15 @@ class GridView:
             yield "Check a set first.", gr.skip(), gr.skip(), *no_exports()
             return
         run = work.run
-        cards = {key: self.playground.servable(key) for key in run.models}
-        work.stop_requested = False
-        yield "", progress_bar(run), self.table(work), *no_exports()
-        updates = grid.run_grid(
-            run, work.prompt_set, cards, work.checked, self.playground.manager, self.playground.decoder
-        )
+        if work.running:
+            yield RUNNING, gr.skip(), gr.skip(), *no_exports()
+            return
+        work.running, work.stop_requested = True, False
         try:
+            cards = {key: self.playground.servable(key) for key in run.models}
+            yield "", progress_bar(run), self.table(work), *no_exports()
+            manager, decoder = self.playground.manager, self.playground.decoder
+            updates = grid.run_grid(run, work.prompt_set, cards, work.checked, manager, decoder)
             async with contextlib.aclosing(updates):
                 async for _ in updates:
                     yield gr.skip(), progress_bar(run), self.table(work), *no_exports()
@@ -108,6 +113,8 @@ class GridView:
         except Exception as error:
             yield WARNING + user_message(error), progress_bar(run), self.table(work), *no_exports()
             return
+        finally:
+            work.running = False
         notice = await self.save(visit, work)
         if work.stop_requested:
             notice = f"Stopped with {run.done} of {run.total} answers; press Run to go on. {notice}".strip()

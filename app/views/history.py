@@ -210,6 +210,8 @@ class HistoryView:
     async def grid_reopened(self, history: History, record: ConversationRecord, visit: Visit) -> str:
         """A stored grid run back in the grid tab (its files from the history's store), to read,
         export, or finish: Run answers its cells not done."""
+        if visit.grid is not None and visit.grid.running:
+            return "A set is running in the grid tab: stop it first, then reopen this one."
         folder = Path(tempfile.mkdtemp(prefix=SESSION_FOLDER_PREFIX))
         missing = False
         for medium in {m.name: m for turn in record.turns for m in turn.media}.values():
