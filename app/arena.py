@@ -38,11 +38,6 @@ class ArenaError(ConversationError):
 Pair = tuple[str, str]
 
 
-def pair_of(a: str, b: str) -> Pair:
-    """A pair of models regardless of which side each was on."""
-    return (a, b) if a <= b else (b, a)
-
-
 def pair_weights(models: Sequence[str], votes: Mapping[Pair, int]) -> dict[Pair, float]:
     """Every pair of distinct `models`, weighted 1 / (1 + the votes it has had)."""
     unique = sorted(set(models))

@@ -35,7 +35,15 @@ from app.cards import ModelCard
 from app.conversation import Turn, check_fits, engine_messages, is_video, user_message
 from app.engine import EngineManager, SamplingSettings
 from app.grounding import draw_answer_boxes
-from app.history import ConversationRecord, MediaRecord, ReplyRecord, TurnRecord, describe_media, new_id
+from app.history import (
+    ConversationRecord,
+    MediaRecord,
+    TurnRecord,
+    describe_media,
+    new_id,
+    reply_record,
+    stored_reply,
+)
 from app.media import VideoDecoderPool, load_image
 from app.promptsets import Checked, PromptItem, PromptSet
 from app.replies import Reply, stream_reply
@@ -217,21 +225,8 @@ def to_record(run: GridRun, media: Mapping[str, MediaRecord]) -> ConversationRec
         replies = []
         for key in run.models:
             reply = run.cell(item.id, key) or Reply(key, run.names.get(key, key), "")
-            replies.append(
-                ReplyRecord(
-                    model=key,
-                    display_name=reply.display_name,
-                    answer=reply.answer or reply.error,
-                    state=reply.state,
-                    finish_reason=reply.finish_reason,
-                    prompt_tokens=reply.prompt_tokens,
-                    completion_tokens=reply.completion_tokens,
-                    load_s=reply.load_s,
-                    ttft_s=reply.ttft_s,
-                    tokens_per_s=reply.tokens_per_s,
-                    sampling=reply.sampling,
-                )
-            )
+            # A cell refused or failed keeps its reason where the answer would be.
+            replies.append(reply_record(reply, answer=reply.answer or reply.error))
         turns.append(
             TurnRecord(
                 text=item.question,
@@ -273,22 +268,9 @@ def from_record(
     run = GridRun(record.title.removeprefix("Grid: "), items, models, names, sampling, id=record.id)
     for item, turn in zip(items, record.turns, strict=True):
         for stored in turn.replies:
-            failed = stored.state == "failed"
-            run.cells.setdefault(item.id, {})[stored.model] = Reply(
-                stored.model,
-                stored.display_name,
-                cards[stored.model].source if stored.model in cards else stored.model,
-                state=stored.state,
-                answer="" if failed else stored.answer,
-                error=stored.answer if failed else "",
-                finish_reason=stored.finish_reason,
-                prompt_tokens=stored.prompt_tokens,
-                completion_tokens=stored.completion_tokens,
-                load_s=stored.load_s,
-                ttft_s=stored.ttft_s,
-                tokens_per_s=stored.tokens_per_s,
-                sampling=stored.sampling,
-            )
+            source = cards[stored.model].source if stored.model in cards else stored.model
+            reason = {"answer": "", "error": stored.answer} if stored.state == "failed" else {}
+            run.cells.setdefault(item.id, {})[stored.model] = stored_reply(stored, source, **reason)
     return run
 
 

@@ -47,7 +47,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
 from app.config import Settings, SettingsError
-from app.leaderboard import Outcome, Vote
+from app.leaderboard import Outcome, Vote, pair_of
+from app.replies import Reply
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,34 @@ class ReplyRecord(Record):
     ttft_s: float | None = None
     tokens_per_s: float | None = None
     sampling: dict[str, Any] = Field(default_factory=dict)
+
+
+# What an answer (`app.replies.Reply`) and its stored record share, copied both ways.
+REPLY_FIELDS = (
+    "display_name",
+    "answer",
+    "state",
+    "finish_reason",
+    "prompt_tokens",
+    "completion_tokens",
+    "load_s",
+    "ttft_s",
+    "tokens_per_s",
+    "sampling",
+)
+
+
+def reply_record(reply: Reply, **changes: Any) -> ReplyRecord:
+    """An answer as the history stores it (`changes` replace some of its fields)."""
+    return ReplyRecord(model=reply.key, **{name: getattr(reply, name) for name in REPLY_FIELDS} | changes)
+
+
+def stored_reply(stored: ReplyRecord, source: str, **details: Any) -> Reply:
+    """A stored answer back in the views' shape; `source` is where its model comes from, as
+    users are told, and `details` set the fields the record does not keep (or replace some)."""
+    fields = {name: getattr(stored, name) for name in REPLY_FIELDS}
+    fields["display_name"] = stored.display_name or stored.model
+    return Reply(key=stored.model, source=source, **fields | details)
 
 
 class TurnRecord(Record):
@@ -526,7 +555,7 @@ class History:
         counts: dict[tuple[str, str], int] = {}
         with self.session() as session:
             for a, b, count in session.execute(query):
-                pair = (a, b) if a <= b else (b, a)
+                pair = pair_of(a, b)
                 counts[pair] = counts.get(pair, 0) + count
         return counts
 

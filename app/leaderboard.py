@@ -81,6 +81,11 @@ def contributions(models: Sequence[str], cells: Sequence[Vote]) -> np.ndarray:
     return added
 
 
+def pair_of(a: str, b: str) -> tuple[str, str]:
+    """A pair of models regardless of which side each was on."""
+    return (a, b) if a <= b else (b, a)
+
+
 def leaderboard(votes: Iterable[Vote], rounds: int = 1000, seed: int = 0) -> list[Row]:
     """One row per model that has votes, the best first."""
     counts = Counter(v for v in votes if v.model_a != v.model_b)

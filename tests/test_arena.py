@@ -22,7 +22,6 @@ from app.arena import (
     check_rate,
     draw_pair,
     modality_of,
-    pair_of,
     pair_weights,
     retry_after_s,
 )
@@ -30,7 +29,7 @@ from app.cards import ModelCard
 from app.config import Settings
 from app.engine import EngineManager
 from app.history import History, VoteRecord, new_id, sqlite_url
-from app.leaderboard import Vote
+from app.leaderboard import Vote, pair_of
 from app.media import VideoDecoderPool
 from app.sessions import Visit
 from app.views import Playground

@@ -30,6 +30,8 @@ from app.history import (
     Summary,
     TurnRecord,
     describe_media,
+    reply_record,
+    stored_reply,
 )
 from app.promptsets import PromptSet, check_set
 from app.replies import Reply
@@ -81,22 +83,6 @@ def media_lines(turn: Turn) -> list[str]:
 
 def kind_of(path: Path) -> Any:
     return "video" if is_video(path) else "image"
-
-
-def reply_record(reply: Reply) -> ReplyRecord:
-    return ReplyRecord(
-        model=reply.key,
-        display_name=reply.display_name,
-        answer=reply.answer,
-        state=reply.state,
-        finish_reason=reply.finish_reason,
-        prompt_tokens=reply.prompt_tokens,
-        completion_tokens=reply.completion_tokens,
-        load_s=reply.load_s,
-        ttft_s=reply.ttft_s,
-        tokens_per_s=reply.tokens_per_s,
-        sampling=reply.sampling,
-    )
 
 
 def summary_label(summary: Summary) -> str:
@@ -277,21 +263,7 @@ class HistoryView:
     def _reply(self, stored: ReplyRecord, turn: Turn) -> Reply:
         choice = self.playground.choices.get(stored.model)
         source = choice.card.source if choice is not None else stored.model
-        return Reply(
-            key=stored.model,
-            display_name=stored.display_name or stored.model,
-            source=source,
-            state=stored.state,
-            answer=stored.answer,
-            finish_reason=stored.finish_reason,
-            prompt_tokens=stored.prompt_tokens,
-            completion_tokens=stored.completion_tokens,
-            load_s=stored.load_s,
-            ttft_s=stored.ttft_s,
-            tokens_per_s=stored.tokens_per_s,
-            media=list(turn.media),
-            sampling=stored.sampling,
-        )
+        return stored_reply(stored, source, media=list(turn.media))
 
     def new_chat(self, visit: Visit | None) -> tuple[Any, ...]:
         """A new conversation; the one open stays stored."""
