@@ -116,19 +116,21 @@ async def evaluate(args: argparse.Namespace, settings: Settings, cards: list[Mod
         )
         stopped = False
         last = 0.0
-        updates = grid.run_grid(run, prompt_set, by_key, checked, manager, decoder)
-        try:
-            async with contextlib.aclosing(updates):
-                async for _ in updates:
-                    if time.monotonic() - last > PROGRESS_EVERY_S:
-                        print(run.progress(), file=sys.stderr)
-                        last = time.monotonic()
-        except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels this task
-            stopped = True
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()  # handled here: what follows (writing, closing) runs normally
-        write_outputs(run, prompt_set, decoder, args.out)
+        # The drawn boxes live until the report (which holds them inline) is written.
+        with tempfile.TemporaryDirectory(prefix="vlm-playground-boxes-") as boxes:
+            updates = grid.run_grid(run, prompt_set, by_key, checked, manager, decoder, boxes=Path(boxes))
+            try:
+                async with contextlib.aclosing(updates):
+                    async for _ in updates:
+                        if time.monotonic() - last > PROGRESS_EVERY_S:
+                            print(run.progress(), file=sys.stderr)
+                            last = time.monotonic()
+            except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels this task
+                stopped = True
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()  # handled here: what follows (writing, closing) runs normally
+            write_outputs(run, prompt_set, decoder, args.out)
         if stopped:
             print(
                 f"stopped: {run.done} of {run.total} answers kept; run again with --resume", file=sys.stderr
@@ -150,7 +152,7 @@ def write_outputs(run: GridRun, prompt_set: PromptSet, decoder: VideoDecoderPool
     state_path(out).write_text(text, encoding="utf-8")
     suffix = out.suffix.lower()
     if suffix == ".html":
-        out.write_text(grid.to_html(run, prompt_set, decoder), encoding="utf-8")
+        out.write_text(grid.to_html(run, grid.thumbnails(run, prompt_set, decoder)), encoding="utf-8")
     elif suffix == ".csv":
         out.write_text(grid.to_csv(run), encoding="utf-8")
     else:

@@ -21,6 +21,7 @@ import csv
 import html
 import io
 import json
+import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -32,7 +33,7 @@ from typing import Any
 from PIL import Image
 
 from app.cards import ModelCard
-from app.conversation import Turn, check_fits, engine_messages, is_video, user_message
+from app.conversation import SESSION_FOLDER_PREFIX, Turn, check_fits, engine_messages, is_video, user_message
 from app.engine import EngineManager, SamplingSettings
 from app.grounding import draw_answer_boxes
 from app.history import (
@@ -119,10 +120,13 @@ async def run_grid(
     clock: Callable[[], float] = time.monotonic,
     refresh_s: float = 0.25,
     batch: int = BATCH,
+    *,
+    boxes: Path,
 ) -> AsyncIterator[GridRun]:
     """Fills `run.cells`, yielding the run as it changes. Cells already done (a resumed run) are
     kept. Closing the generator stops every answer in its engine; unfinished cells are then
-    marked stopped, and a later run of the same `GridRun` answers them."""
+    marked stopped, and a later run of the same `GridRun` answers them. Boxes that answers name
+    are drawn into `boxes`, a folder the caller owns and deletes."""
     changed = asyncio.Event()
     started = clock()
     answered = 0  # cells answered by this call (the rate for the time left)
@@ -155,8 +159,12 @@ async def run_grid(
                 check_fits(card, messages)
                 async for _ in stream_reply(manager, card, messages, run.sampling, reply, clock):
                     changed.set()
-                if reply.state == "done" and turn.images:
-                    await draw_cell_boxes(card, reply, turn.images[-1])
+                if reply.state == "done" and turn.images and card.grounding is not None:
+                    out = boxes / f"{run.items.index(item):04d}-{run.models.index(card.key)}.png"
+                    count = await asyncio.to_thread(
+                        draw_answer_boxes, card, reply.answer, turn.images[-1], out
+                    )
+                    reply.boxes_drawn, reply.box_count = (out, count) if count else (None, 0)
             except Exception as error:
                 reply.state, reply.error = "failed", user_message(error)
         answered += 1
@@ -195,16 +203,6 @@ async def run_grid(
             for reply in row.values():
                 if not reply.ended:
                     reply.state = "stopped"
-
-
-async def draw_cell_boxes(card: ModelCard, reply: Reply, picture: Path) -> None:
-    """A grounding card's boxes drawn on the item's (last) picture, kept for the grid and report."""
-    if card.grounding is None:
-        return
-    out = Path(tempfile.mkdtemp(prefix="vlm-playground-boxes-")) / "boxes.png"
-    count = await asyncio.to_thread(draw_answer_boxes, card, reply.answer, picture, out)
-    if count:
-        reply.boxes_drawn, reply.box_count = out, count
 
 
 def matches(expected: str, answer: str) -> bool | None:
@@ -484,12 +482,10 @@ def describe_sampling(sampling: SamplingSettings) -> str:
     )
 
 
-def to_html(
-    run: GridRun, prompt_set: PromptSet | None = None, decoder: VideoDecoderPool | None = None
-) -> str:
-    """A report that opens anywhere with no server: thumbnails and drawn boxes are inline."""
+def to_html(run: GridRun, pictures: Mapping[str, str]) -> str:
+    """A report that opens anywhere with no server: `pictures` (`thumbnails`) and drawn boxes
+    are inline."""
     e = html.escape
-    pictures = thumbnails(run, prompt_set, decoder) if prompt_set is not None else {}
     return (
         "<!doctype html><html><head><meta charset=utf-8>"
         f"<title>{e(run.set_name)}: {len(run.models)} models</title>"
@@ -512,6 +508,9 @@ class GridWork:
     pictures: dict[str, str] = field(default_factory=dict)  # the set's thumbnails, made once
     stop_requested: bool = False
     running: bool = False  # one run at a time: a second Run, or a new check, waits for it
+    # The run's drawn boxes and exports (a session folder: `app.sessions` counts it as owned).
+    folder: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix=SESSION_FOLDER_PREFIX)))
 
     def close(self) -> None:
         self.prompt_set.close()
+        shutil.rmtree(self.folder, ignore_errors=True)

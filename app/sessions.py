@@ -117,6 +117,7 @@ class SessionStore:
             for token in gone:
                 del self.visits[token]
             owned = {s._folder for v in self.visits.values() for s in (v.chat, v.compare, v.arena)}
+            owned |= {v.grid.folder for v in self.visits.values() if v.grid is not None}
         for visit in gone.values():
             visit.close()
         self._sweep_orphans(owned)

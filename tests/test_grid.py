@@ -33,6 +33,7 @@ from app.grid import (
     media_records,
     run_grid,
     run_order,
+    thumbnails,
     to_csv,
     to_html,
     to_json,
@@ -208,11 +209,12 @@ def new_run(cards: dict[str, ModelCard]) -> tuple[GridRun, Any]:
 
 
 async def run_to_end(
-    run: GridRun, prompt_set: Any, cards: dict[str, ModelCard], manager, decoder
+    boxes: Path, run: GridRun, prompt_set: Any, cards: dict[str, ModelCard], manager, decoder
 ) -> list[str]:
     checked = await check_set(prompt_set, list(cards.values()), decoder)
     progress = [
-        update.progress() async for update in run_grid(run, prompt_set, cards, checked, manager, decoder)
+        update.progress()
+        async for update in run_grid(run, prompt_set, cards, checked, manager, decoder, boxes=boxes)
     ]
     return progress
 
@@ -224,7 +226,7 @@ def test_a_set_runs_model_by_model_with_one_load_each_and_the_seeing_model_answe
     run, prompt_set = new_run(cards)
     factory.builds.clear()
     factory.asked.clear()
-    progress = loop.run(run_to_end(run, prompt_set, cards, manager, decoder))
+    progress = loop.run(run_to_end(tmp_path, run, prompt_set, cards, manager, decoder))
     # Every item on a model before the next model: one build each, requests grouped by model.
     assert sorted(factory.builds) == sorted([SEEING_KEY, TWIN]) and len(factory.builds) == 2
     models_asked = [key for key, _ in factory.asked]
@@ -248,7 +250,7 @@ def test_a_set_runs_model_by_model_with_one_load_each_and_the_seeing_model_answe
     assert {(i, k) for i, row in again.cells.items() for k in row} == {
         (i, k) for i, row in run.cells.items() for k, r in row.items() if r.state == "done"
     }
-    page = to_html(run, prompt_set, decoder)
+    page = to_html(run, thumbnails(run, prompt_set, decoder))
     assert page.count("data:image/jpeg;base64,") == 7  # six items' files and the clip's frame
     assert str(ROOT) not in page and "What colour does the clip end with?" in page
     assert page.count("matches") == 6
@@ -266,13 +268,15 @@ def test_a_set_runs_model_by_model_with_one_load_each_and_the_seeing_model_answe
         history.close()
 
 
-def test_a_stopped_run_keeps_its_answers_and_resuming_asks_only_the_rest(loop, engines, cards, decoder):
+def test_a_stopped_run_keeps_its_answers_and_resuming_asks_only_the_rest(
+    loop, engines, cards, decoder, tmp_path: Path
+):
     manager, factory = engines
     run, prompt_set = new_run(cards)
 
     async def stop_after(count: int) -> None:
         checked = await check_set(prompt_set, list(cards.values()), decoder)
-        updates = run_grid(run, prompt_set, cards, checked, manager, decoder)
+        updates = run_grid(run, prompt_set, cards, checked, manager, decoder, boxes=tmp_path)
         async with contextlib.aclosing(updates):
             async for update in updates:
                 if sum(r.state == "done" for row in update.cells.values() for r in row.values()) >= count:
@@ -290,7 +294,7 @@ def test_a_stopped_run_keeps_its_answers_and_resuming_asks_only_the_rest(loop, e
     # Through the JSON the command line keeps, as after a Ctrl-C.
     resumed = from_json(to_json(run), cards)
     factory.asked.clear()
-    loop.run(run_to_end(resumed, prompt_set, cards, manager, decoder))
+    loop.run(run_to_end(tmp_path, resumed, prompt_set, cards, manager, decoder))
     assert resumed.done == resumed.total
     for (item, key), (answer, ttft) in kept.items():
         # Kept as they were (the JSON keeps times to the millisecond).
@@ -299,7 +303,7 @@ def test_a_stopped_run_keeps_its_answers_and_resuming_asks_only_the_rest(loop, e
     assert len(factory.asked) == 11 - len(kept)  # 12 cells, one refused up front
 
 
-def test_a_run_gives_way_to_a_chat_user_of_another_model(loop, engines, cards, decoder):
+def test_a_run_gives_way_to_a_chat_user_of_another_model(loop, engines, cards, decoder, tmp_path: Path):
     """A team's run is on the twin when a chat user asks the seeing model: the user is answered
     before the run's remaining items, not after the whole set."""
     manager, _ = engines
@@ -310,7 +314,9 @@ def test_a_run_gives_way_to_a_chat_user_of_another_model(loop, engines, cards, d
 
     async def scenario() -> None:
         checked = await check_set(replace_items(prompt_set, items), list(cards.values()), decoder)
-        updates = run_grid(run, replace_items(prompt_set, items), cards, checked, manager, decoder)
+        updates = run_grid(
+            run, replace_items(prompt_set, items), cards, checked, manager, decoder, boxes=tmp_path
+        )
         runner = asyncio.create_task(drain(updates))
         while sum(r.state == "done" for row in run.cells.values() for r in row.values()) < 2:
             await asyncio.sleep(0.05)

@@ -104,7 +104,9 @@ class GridView:
             cards = {key: self.playground.servable(key) for key in run.models}
             yield "", progress_bar(run), self.table(work), *no_exports()
             manager, decoder = self.playground.manager, self.playground.decoder
-            updates = grid.run_grid(run, work.prompt_set, cards, work.checked, manager, decoder)
+            updates = grid.run_grid(
+                run, work.prompt_set, cards, work.checked, manager, decoder, boxes=work.folder
+            )
             async with contextlib.aclosing(updates):
                 async for _ in updates:
                     yield gr.skip(), progress_bar(run), self.table(work), *no_exports()
@@ -185,16 +187,11 @@ class GridView:
         run = work.run
         if run is None:
             return no_exports()
-        folder = Path(tempfile.mkdtemp(prefix=SESSION_FOLDER_PREFIX))
         stem = f"grid-{run.set_name}-{run.id[:8]}"
-        files = {
-            "csv": grid.to_csv(run),
-            "json": grid.to_json(run),
-            "html": grid.to_html(run, work.prompt_set, self.playground.decoder),
-        }
+        files = {"csv": grid.to_csv(run), "json": grid.to_json(run), "html": grid.to_html(run, work.pictures)}
         paths = []
         for suffix, text in files.items():
-            path = folder / f"{stem}.{suffix}"
+            path = work.folder / f"{stem}.{suffix}"
             path.write_text(text, encoding="utf-8")
             paths.append(gr.DownloadButton(value=str(path), interactive=True))
         return paths[0], paths[1], paths[2]
