@@ -252,6 +252,12 @@ def gpu_shortage(needed: int, present: int) -> str:
     return f"needs {need}; this machine has {have}"
 
 
+def validation_problems(error: ValidationError, whole: str) -> str:
+    """A strict model's refusal in one line: each field at fault and why (`whole` names the
+    thing itself, for problems that belong to no one field)."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or whole}: {e['msg']}" for e in error.errors())
+
+
 def load_card(path: Path) -> ModelCard:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -262,10 +268,7 @@ def load_card(path: Path) -> ModelCard:
     try:
         card = ModelCard.model_validate(data)
     except ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'card'}: {e['msg']}" for e in error.errors()
-        )
-        raise CardError(f"{path.name}: {problems}") from None
+        raise CardError(f"{path.name}: {validation_problems(error, 'card')}") from None
     if card.key != path.stem:
         raise CardError(f"{path.name}: key {card.key!r} differs from the file name {path.stem!r}")
     return card

@@ -28,7 +28,7 @@ from pathlib import Path, PurePosixPath
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from app.cards import ModelCard
+from app.cards import ModelCard, validation_problems
 from app.conversation import ConversationError, Turn, check_fits, check_media, engine_messages, is_video
 from app.media import MediaError, VideoDecoderPool, load_image
 
@@ -97,9 +97,7 @@ def read_set(set_file: Path, media: Path | None = None, name: str | None = None)
         try:
             item = PromptItem.model_validate(row)
         except ValidationError as error:
-            problem = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'item'}: {e['msg']}" for e in error.errors()
-            )
+            problem = validation_problems(error, "item")
             raise PromptSetError(f"{set_file.name}, line {line}: {problem}") from None
         items.append(item if item.id else item.model_copy(update={"id": f"item-{len(items) + 1}"}))
     if not items:
