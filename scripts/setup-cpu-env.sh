@@ -2,6 +2,7 @@
 # Builds the CPU test environment in .venv: the CPU build of vLLM and what the tests need.
 # Idempotent: a second run only checks. Used by `make test` and so by CI on a clean clone.
 set -euo pipefail
+SELF="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
@@ -30,7 +31,8 @@ if [ -z "${SKIP_POSTGRES:-}" ] && ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/nu
   echo "Installed PostgreSQL $(ls /usr/lib/postgresql)"
 fi
 
-if [ -f "$STAMP" ] && cmp -s requirements-cpu.txt "$STAMP"; then
+# The stamp holds the requirements and this script: a change to either (a new fix below) rebuilds.
+if [ -f "$STAMP" ] && cat requirements-cpu.txt "$SELF" | cmp -s - "$STAMP"; then
   exit 0
 fi
 
@@ -51,7 +53,15 @@ META=$("$PY" -c "import importlib.util as u; print(u.find_spec('torchvision').su
 for op in nms qnms; do
   sed -i "s|^@torch.library.register_fake(\"torchvision::$op\")\$|@(torch.library.register_fake(\"torchvision::$op\") if torchvision.extension._has_ops() else (lambda fn: fn))|" "$META"
 done
-"$PY" -c "import torchvision, vllm" 
 
-cp requirements-cpu.txt "$STAMP"
+# vLLM's CPU linear layers hand their input to oneDNN (ops.onednn_mm), which requires a unit
+# stride in the last dimension; a model that feeds a Linear a permuted tensor (HunyuanOCR's
+# vision patch merger, through the Transformers backend) fails with "Expected a.stride(-1) == 1".
+# GPU kernels accept such tensors, so the CPU build gets the copy torch's own linear would make.
+GEMM=$("$PY" -c "import importlib.util as u; print(u.find_spec('vllm').submodule_search_locations[0])")/model_executor/layers/utils.py
+sed -i 's|^    return layer.cpu_linear(x, weight, bias)$|    return layer.cpu_linear(x if x.stride(-1) == 1 else x.contiguous(), weight, bias)|' "$GEMM"
+grep -q "x if x.stride(-1) == 1 else x.contiguous()" "$GEMM" || { echo "vLLM's CPU gemm changed: update the stride fix in $0" >&2; exit 1; }
+"$PY" -c "import torchvision, vllm"
+
+cat requirements-cpu.txt "$SELF" > "$STAMP"
 echo "CPU environment ready in $VENV"

@@ -13,4 +13,11 @@ REAL: dict[str, tuple[str, str, str | None, str | None]] = {
     "glm4_5v": ("Glm4vMoeForConditionalGeneration", "glm4v_moe", "Glm4vProcessor", "Glm4vImageProcessor"),
     # Qwen/Qwen2.5-Omni-7B: the Omni processor (Qwen2-VL image processor, Whisper features).
     "qwen2_5_omni": ("Qwen2_5OmniModel", "qwen2_5_omni", "Qwen2_5OmniProcessor", "Qwen2VLImageProcessor"),
+    # tencent/HunyuanOCR: transformers' own HunYuan-VL classes (vLLM's Transformers backend).
+    "hunyuan_vl": (
+        "HunYuanVLForConditionalGeneration",
+        "hunyuan_vl",
+        "HunYuanVLProcessor",
+        "HunYuanVLImageProcessor",
+    ),
 }

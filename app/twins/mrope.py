@@ -3,8 +3,9 @@ Qwen3-VL-MoE, GLM-4.5V (MoE), Qwen2.5-Omni's thinker, HunyuanOCR.
 
 The mixture-of-experts variants reuse the dense twins of app.twins.native (same tokenizer,
 processor and vision tower) and swap the config for the MoE class with a few tiny experts.
-`_glm4_5v_fp8` and `_hunyuan_vl` are written and tried but not registered: vLLM's CPU backend
-cannot run them (WHY_NOT says precisely why); they are ready for a machine that can.
+`_glm4_5v_fp8` is written and tried but not registered: vLLM's CPU backend cannot run its FP8
+experts (WHY_NOT says precisely why); it is ready for a machine that can. HunyuanOCR runs with
+the CPU environment's oneDNN stride fix (scripts/setup-cpu-env.sh).
 """
 
 from __future__ import annotations
@@ -290,6 +291,7 @@ BUILDERS: dict[str, Builder] = {
     "qwen3_vl_moe": _qwen3_vl_moe,
     "glm4_5v": _glm4_5v,
     "qwen2_5_omni": _qwen2_5_omni,
+    "hunyuan_vl": _hunyuan_vl,
 }
 
 # Cards that cannot have a twin here, and precisely why (each tried with its builder above).
@@ -303,14 +305,5 @@ WHY_NOT: dict[str, str] = {
         "weights only), so loading fails with 'ValueError: Unsupported FP8 MoE backend: NONE' "
         "(compressed_tensors_moe_w8a8_fp8.process_weights_after_loading). A twin without the "
         "quantization would be the glm4_5v card's, which has one."
-    ),
-    "hunyuan_vl": (
-        "vLLM runs HunYuanVLForConditionalGeneration through its Transformers backend, which swaps "
-        "transformers' nn.Linear layers for vLLM's; on CPU those call oneDNN (ops.onednn_mm), which "
-        "needs a contiguous last dimension, and the vision patch merger feeds its `mlp` a permuted "
-        "tensor (modeling_hunyuan_vl.py HunYuanVLVisionPatchMerger.forward, "
-        "`.reshape(...).permute(0, 2, 1)`), so every image fails with 'RuntimeError: Expected "
-        "a.stride(-1) == 1' at any size (tried with the twin _hunyuan_vl: config, tokenizer and "
-        "HunYuanVLProcessor load, text-only prompts run). GPU linear layers accept the tensor."
     ),
 }
