@@ -29,7 +29,15 @@ from pathlib import Path, PurePosixPath
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from app.cards import ModelCard, validation_problems
-from app.conversation import ConversationError, Turn, check_fits, check_media, engine_messages, is_video
+from app.conversation import (
+    SESSION_FOLDER_PREFIX,
+    ConversationError,
+    Turn,
+    check_fits,
+    check_media,
+    engine_messages,
+    is_video,
+)
 from app.media import MediaError, VideoDecoderPool, load_image
 
 MAX_ITEMS = 500
@@ -142,7 +150,9 @@ def _csv_rows(text: str, name: str) -> list[tuple[int, object]]:
 
 def unzip(archive: Path) -> Path:
     """The zip's files in a new folder; refuses paths that leave it, links and oversize."""
-    target = Path(tempfile.mkdtemp(prefix="vlm-playground-set-"))
+    # A session folder: if its owner (a tab's grid, the command line) dies without deleting it,
+    # the app's sweeper does once it is old (app.sessions).
+    target = Path(tempfile.mkdtemp(prefix=SESSION_FOLDER_PREFIX))
     try:
         with zipfile.ZipFile(archive) as opened:
             entries = opened.infolist()

@@ -117,7 +117,10 @@ class SessionStore:
             for token in gone:
                 del self.visits[token]
             owned = {s._folder for v in self.visits.values() for s in (v.chat, v.compare, v.arena)}
-            owned |= {v.grid.folder for v in self.visits.values() if v.grid is not None}
+            # A grid's run folder and the folder its uploaded or unzipped set lives in, which
+            # stay as old as the upload while the tab still runs the set.
+            grids = [v.grid for v in self.visits.values() if v.grid is not None]
+            owned |= {g.folder for g in grids} | {g.prompt_set.unpacked for g in grids}
         for visit in gone.values():
             visit.close()
         self._sweep_orphans(owned)

@@ -120,3 +120,42 @@ def test_an_upload_gone_before_sending_is_one_line_to_attach_it_again(tmp_path: 
     with pytest.raises(ConversationError, match=r"^photo\.png is no longer on the server.*attach it again"):
         session.keep(tmp_path / "photo.png")
     session.close()
+
+
+def test_a_tab_running_an_uploaded_set_keeps_its_files_however_old_and_they_go_with_the_tab(
+    tmp_path: Path, monkeypatch
+):
+    """The grid's set, uploaded as a zip hours ago, is still the tab's while the tab is used;
+    the sweeper takes it only with the tab (or after a crash, once old)."""
+    import tempfile
+    import zipfile
+
+    from app.grid import GridWork
+    from app.promptsets import Checked, read_set
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the app makes its folders
+    clock = Clock()
+    store = SessionStore(GRACE_S, TTL_S, clock, scratch=tmp_path)
+    upload = tmp_path / "uploads"
+    upload.mkdir()
+    (upload / "set.jsonl").write_text('{"id": "a", "question": "What is it?", "media": ["a.png"]}\n')
+    with zipfile.ZipFile(upload / "files.zip", "w") as archive:
+        archive.writestr("a.png", b"png")
+    _token, visit = store.attach(None, "page-1")
+    prompt_set = read_set(upload / "set.jsonl", upload / "files.zip")
+    visit.grid = GridWork(prompt_set, Checked())
+    unpacked = prompt_set.unpacked
+    assert unpacked is not None and unpacked.name.startswith(SESSION_FOLDER_PREFIX)
+    for _ in range(3):  # hours of use: the folders' files are older than the TTL
+        stale = time.time() - 3 * TTL_S
+        for folder in (unpacked, visit.grid.folder):
+            os.utime(folder, (stale, stale))
+        clock.now += TTL_S / 2
+        store.touch(visit)
+        store.sweep()
+        assert (unpacked / "a.png").is_file() and visit.grid.folder.is_dir()
+    run_folder = visit.grid.folder
+    store.detach("page-1")
+    clock.now += GRACE_S
+    store.sweep()
+    assert not unpacked.exists() and not run_folder.exists()
