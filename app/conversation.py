@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from PIL import Image
 
@@ -57,6 +57,19 @@ def user_message(error: Exception) -> str:
     return INTERNAL_ERROR
 
 
+@dataclass(frozen=True)
+class GoneFile:
+    """A file of a reopened conversation that the server no longer keeps (past the history's
+    retention): shown from its stored thumbnail, never sent to the model, and stored again as it
+    was when the conversation goes on (so its record and thumbnail outlive the follow-up)."""
+
+    name: str  # as the user sent it
+    kind: Literal["image", "video"]
+    hash: str  # the history's content hash
+    description: str
+    thumbnail: Path | None  # None where none could be made
+
+
 @dataclass
 class Turn:
     """One exchange: the user's message (files linked into the session's folder) and the answer."""
@@ -74,6 +87,8 @@ class Turn:
     reply: Reply | None = None
     # A comparison's answers, one per model (the compare tab's turn has these, not `reply`).
     columns: list[Reply] = field(default_factory=list)
+    # Files of a reopened conversation no longer kept: shown, never sent (see GoneFile).
+    gone: list[GoneFile] = field(default_factory=list)
 
     @property
     def files(self) -> list[Path]:

@@ -765,7 +765,8 @@ def open_sidebar(page: Page) -> None:
 
 
 def browser_id(page: Page) -> str:
-    return page.evaluate("localStorage.getItem('vlm-playground-browser')")
+    """The tab's browser id, once the page's script has set it (it runs after the page loads)."""
+    return poll(lambda: page.evaluate("localStorage.getItem('vlm-playground-browser')"), 10)
 
 
 def test_the_history_sidebar_keeps_reopens_exports_and_deletes_conversations(
@@ -823,6 +824,51 @@ def test_the_history_sidebar_keeps_reopens_exports_and_deletes_conversations(
     poll(lambda: user_messages(page) == 0)
     assert [s.title for s in history.list(browser_id(page))] == ["The second one"]
     shoot(page, "history.png")
+
+
+def expire(history: Any, digest: str) -> None:
+    """The history's retention passing for one file (the others, other tests', stay)."""
+    from app.history import MediaRow
+
+    with history.session() as session:
+        row = session.get(MediaRow, digest)
+        history.media_path(row.hash, row.suffix).unlink()
+        row.stored_at = None
+
+
+def test_a_reopened_chat_whose_picture_expired_shows_its_thumbnail_and_keeps_it_after_a_follow_up(
+    page: Page, served: tuple[Playground, str, RecordingFactory]
+):
+    playground, _, factory = served
+    history = playground.history
+    assert history is not None
+    set_max_tokens(page, "chat", 8)
+    send(page, "An old picture's question", [EXAMPLES / "shapes.png"])
+    wait_for_answer(page)
+    open_sidebar(page)
+    poll(lambda: any("An old picture's question" in item for item in history_items(page)))
+    (stored,) = [s for s in history.list(browser_id(page)) if s.title == "An old picture's question"]
+    (medium,) = history.load(browser_id(page), stored.id).turns[0].media
+    expire(history, medium.hash)
+
+    gone = page.locator("#chat [data-testid=user]").filter(has_text="shapes.png: no longer kept")
+    for round_ in range(2):  # reopened, goes on, and reopened again after the follow-up
+        page.click("#history-new")
+        poll(lambda: user_messages(page) == 0)
+        page.locator("#history-list label").filter(has_text="An old picture's question").click()
+        poll(lambda: gone.count() == 1)
+        assert "no longer kept on the server, so the model does not see it" in gone.inner_text()
+        assert gone.locator("img").count() == 1  # the stored thumbnail
+        assert "no longer kept on the server" in page.inner_text("#history-notice")
+        if round_ == 0:
+            asked = len(factory.asked)
+            send(page, "And now?")
+            wait_for_answer(page, answers=2)
+            parts = [p for m in factory.asked[asked] for p in m["content"] if isinstance(p, dict)]
+            assert not [p for p in parts if p.get("type") in ("image", "video")]  # not sent
+    turns = history.load(browser_id(page), stored.id).turns
+    assert [t.text for t in turns] == ["An old picture's question", "And now?"]
+    assert [m.hash for m in turns[0].media] == [medium.hash] and history.thumbnail(medium.hash)
 
 
 # --- the arena and its leaderboard -------------------------------------------------------------

@@ -16,6 +16,7 @@ from app.cards import ModelCard
 from app.compare import fenced
 from app.conversation import (
     ConversationError,
+    GoneFile,
     Session,
     Turn,
     check_media,
@@ -296,6 +297,8 @@ def conversation(session: Session) -> list[dict[str, Any]]:
     for turn in session.turns:
         for path in turn.files:
             messages.append({"role": "user", "content": {"path": str(path)}})
+        for gone in turn.gone:
+            messages.append({"role": "user", "content": gone_view(gone)})
         if turn.frames:
             gallery = gr.Gallery(
                 [(str(path), f"{seconds:.1f} s") for path, seconds in turn.frames],
@@ -333,6 +336,17 @@ def conversation(session: Session) -> list[dict[str, Any]]:
             details = {"title": reply.label(), "status": "done"}
             messages.append({"role": "assistant", "content": what_was_sent(reply), "metadata": details})
     return messages
+
+
+def gone_view(gone: GoneFile) -> Any:
+    """A file the server no longer keeps: its thumbnail, saying the model does not see it."""
+    line = (
+        f"{gone.name}: no longer kept on the server, so the model does not see it; "
+        "attach it again to ask about it"
+    )
+    if gone.thumbnail is None:
+        return line
+    return gr.Image(str(gone.thumbnail), label=line, elem_classes=["gone"], buttons=[])
 
 
 def what_was_sent(reply: Reply) -> str:

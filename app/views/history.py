@@ -18,7 +18,7 @@ from typing import Any
 import gradio as gr
 
 from app.compare import Comparison
-from app.conversation import SESSION_FOLDER_PREFIX, Session, Turn, is_video
+from app.conversation import SESSION_FOLDER_PREFIX, GoneFile, Session, Turn, is_video
 from app.engine import SamplingSettings
 from app.grid import GridWork, from_record, thumbnails
 from app.history import (
@@ -26,6 +26,7 @@ from app.history import (
     History,
     HistoryError,
     Kind,
+    MediaRecord,
     ReplyRecord,
     Summary,
     TurnRecord,
@@ -65,6 +66,10 @@ def record_of(
             medium = describe_media(path, turn.names.get(path, path.name), kind_of(path), line)
             files[medium.hash] = path
             media.append(medium)
+        # Files no longer kept stay in the record (with their thumbnails) as they were stored.
+        media += [
+            MediaRecord(hash=g.hash, name=g.name, kind=g.kind, description=g.description) for g in turn.gone
+        ]
         replies = turn.columns or ([turn.reply] if turn.reply is not None else [])
         turns.append(
             TurnRecord(text=turn.text, media=media, replies=[reply_record(r) for r in replies if r.ended])
@@ -234,6 +239,16 @@ class HistoryView:
             notice,
         )
 
+    @staticmethod
+    def _gone(history: History, medium: MediaRecord, session: Session) -> GoneFile:
+        """A file no longer kept, with its stored thumbnail in the session's folder to show."""
+        data = history.thumbnail(medium.hash)
+        picture = None
+        if data:
+            picture = session.folder / f"gone-{medium.hash[:16]}.jpg"
+            picture.write_bytes(data)
+        return GoneFile(medium.name, medium.kind, medium.hash, medium.description, picture)
+
     def _restore(self, history: History, record: ConversationRecord, session: Session) -> bool:
         """Fills `session` with `record`'s turns; True if some files are no longer kept."""
         missing = False
@@ -244,6 +259,7 @@ class HistoryView:
                 if path is None:  # past the retention, or stored without media
                     missing = True
                     turn.media.append(f"{medium.name}: no longer kept on the server")
+                    turn.gone.append(self._gone(history, medium, session))
                     continue
                 kept = session.keep(path)
                 turn.names[kept] = medium.name
