@@ -871,6 +871,22 @@ def test_a_reopened_chat_whose_picture_expired_shows_its_thumbnail_and_keeps_it_
     assert [m.hash for m in turns[0].media] == [medium.hash] and history.thumbnail(medium.hash)
 
 
+def test_a_reopened_video_chat_shows_the_frames_the_model_sees_again(page: Page):
+    set_max_tokens(page, "chat", 8)
+    send(page, "A clip to come back to", [EXAMPLES / "bouncing_ball.mp4"])
+    captions = page.locator("#chat .caption-label")
+    poll(lambda: captions.count() == 16)
+    sent = captions.all_inner_texts()
+    wait_for_answer(page)
+    open_sidebar(page)
+    poll(lambda: any("A clip to come back to" in item for item in history_items(page)))
+    page.click("#history-new")
+    poll(lambda: user_messages(page) == 0)
+    page.locator("#history-list label").filter(has_text="A clip to come back to").click()
+    poll(lambda: captions.count() == 16, 60)
+    assert captions.all_inner_texts() == sent  # the same frames at the same times
+
+
 # --- the arena and its leaderboard -------------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import gradio as gr
 
 from app.compare import Comparison
-from app.conversation import SESSION_FOLDER_PREFIX, GoneFile, Session, Turn, is_video
+from app.conversation import SESSION_FOLDER_PREFIX, GoneFile, Session, Turn, is_video, save_thumbnails
 from app.engine import SamplingSettings
 from app.grid import GridWork, from_record, thumbnails
 from app.history import (
@@ -34,6 +34,7 @@ from app.history import (
     reply_record,
     stored_reply,
 )
+from app.media import MediaError
 from app.promptsets import PromptSet, check_set
 from app.replies import Reply
 from app.sessions import Visit
@@ -249,6 +250,19 @@ class HistoryView:
             picture.write_bytes(data)
         return GoneFile(medium.name, medium.kind, medium.hash, medium.description, picture)
 
+    def _frames(self, video: Path, record: ConversationRecord, session: Session) -> list[tuple[Path, float]]:
+        """The strip of frames the model sees, as the chat showed it when the video was sent
+        (sampled for the conversation's first model); none if the model left the catalog or the
+        video cannot be decoded here."""
+        choice = self.playground.choices.get(record.model.split(",")[0])
+        if choice is None:
+            return []
+        try:
+            clip = self.playground.decoder.decode(video, choice.card.video_frames)
+        except MediaError:
+            return []
+        return save_thumbnails(clip, session.folder / f"{video.stem}-frames")
+
     def _restore(self, history: History, record: ConversationRecord, session: Session) -> bool:
         """Fills `session` with `record`'s turns; True if some files are no longer kept."""
         missing = False
@@ -266,6 +280,7 @@ class HistoryView:
                 turn.media.append(medium.description or medium.name)
                 if medium.kind == "video":
                     turn.video = kept
+                    turn.frames = self._frames(kept, record, session)
                 else:
                     turn.images.append(kept)
             replies = [self._reply(reply, turn) for reply in stored.replies]
