@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
@@ -27,6 +27,9 @@ from app.engine import EngineError, first_line
 from app.media import MediaError, VideoClip, VideoDecoderPool, load_image
 from app.replies import Reply
 from app.tokens import counter_for, media_tokens
+
+if TYPE_CHECKING:  # the history's record type only: this module stays free of the database
+    from app.history import MediaRecord
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +66,7 @@ class GoneFile:
     retention): shown from its stored thumbnail, never sent to the model, and stored again as it
     was when the conversation goes on (so its record and thumbnail outlive the follow-up)."""
 
-    name: str  # as the user sent it
-    kind: Literal["image", "video"]
-    hash: str  # the history's content hash
-    description: str
+    medium: MediaRecord  # as the history stored it
     thumbnail: Path | None  # None where none could be made
 
 

@@ -341,7 +341,7 @@ def conversation(session: Session) -> list[dict[str, Any]]:
 def gone_view(gone: GoneFile) -> Any:
     """A file the server no longer keeps: its thumbnail, saying the model does not see it."""
     line = (
-        f"{gone.name}: no longer kept on the server, so the model does not see it; "
+        f"{gone.medium.name}: no longer kept on the server, so the model does not see it; "
         "attach it again to ask about it"
     )
     if gone.thumbnail is None:

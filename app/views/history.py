@@ -68,9 +68,7 @@ def record_of(
             files[medium.hash] = path
             media.append(medium)
         # Files no longer kept stay in the record (with their thumbnails) as they were stored.
-        media += [
-            MediaRecord(hash=g.hash, name=g.name, kind=g.kind, description=g.description) for g in turn.gone
-        ]
+        media += [gone.medium for gone in turn.gone]
         replies = turn.columns or ([turn.reply] if turn.reply is not None else [])
         turns.append(
             TurnRecord(text=turn.text, media=media, replies=[reply_record(r) for r in replies if r.ended])
@@ -177,7 +175,10 @@ class HistoryView:
             return (*unchanged[:3], gr.Tabs(selected="grid-tab"), *unchanged[4:-1], notice)
         session = Session(upload_root=visit.chat.upload_root)
         session.conversation_id = record.id
-        missing = await asyncio.to_thread(self._restore, history, record, session)
+        # Only the chat shows a video's frames (for its model, if still in the catalog).
+        choice = self.playground.choices.get(record.model) if record.kind == "chat" else None
+        video_frames = choice.card.video_frames if choice is not None else None
+        missing = await asyncio.to_thread(self._restore, history, record, session, video_frames)
         notice = GONE_FILES.format(days=self.playground.settings.media_retention_days) if missing else ""
         if record.kind == "compare":
             visit.compare.close()
@@ -185,7 +186,6 @@ class HistoryView:
             return self.compare_shown(record, session, notice)
         visit.chat.close()
         visit.chat = session
-        choice = self.playground.choices.get(record.model)
         model: Any = record.model if choice is not None and not choice.reason else gr.skip()
         if choice is not None and not choice.reason:
             visit.chat_model = record.model
@@ -248,23 +248,22 @@ class HistoryView:
         if data:
             picture = session.folder / f"gone-{medium.hash[:16]}.jpg"
             picture.write_bytes(data)
-        return GoneFile(medium.name, medium.kind, medium.hash, medium.description, picture)
+        return GoneFile(medium, picture)
 
-    def _frames(self, video: Path, record: ConversationRecord, session: Session) -> list[tuple[Path, float]]:
-        """The strip of frames the model sees, as the chat showed it when the video was sent
-        (sampled for the conversation's first model); none if the model left the catalog or the
-        video cannot be decoded here."""
-        choice = self.playground.choices.get(record.model.split(",")[0])
-        if choice is None:
-            return []
+    def _frames(self, video: Path, video_frames: int, session: Session) -> list[tuple[Path, float]]:
+        """The strip of frames the model sees, as the chat showed it when the video was sent;
+        none if the video cannot be decoded here."""
         try:
-            clip = self.playground.decoder.decode(video, choice.card.video_frames)
+            clip = self.playground.decoder.decode(video, video_frames)
         except MediaError:
             return []
         return save_thumbnails(clip, session.folder / f"{video.stem}-frames")
 
-    def _restore(self, history: History, record: ConversationRecord, session: Session) -> bool:
-        """Fills `session` with `record`'s turns; True if some files are no longer kept."""
+    def _restore(
+        self, history: History, record: ConversationRecord, session: Session, video_frames: int | None
+    ) -> bool:
+        """Fills `session` with `record`'s turns; True if some files are no longer kept. With
+        `video_frames` (the chat's model's), each video gets its strip of frames again."""
         missing = False
         for stored in record.turns:
             turn = Turn(text=stored.text)
@@ -280,7 +279,8 @@ class HistoryView:
                 turn.media.append(medium.description or medium.name)
                 if medium.kind == "video":
                     turn.video = kept
-                    turn.frames = self._frames(kept, record, session)
+                    if video_frames:
+                        turn.frames = self._frames(kept, video_frames, session)
                 else:
                     turn.images.append(kept)
             replies = [self._reply(reply, turn) for reply in stored.replies]
