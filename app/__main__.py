@@ -125,6 +125,7 @@ def serve(cards: dict[str, ModelCard], settings: Settings, history: History | No
     engines_stopped = False
     try:
         demo = launch(build(playground), settings, block=False, quiet=False)
+        playground.start_housekeeping()
         shutdown.wait()
     finally:
         # In this order: the engines need the server's loop, which closing the server ends.

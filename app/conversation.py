@@ -110,10 +110,7 @@ class Session:
     conversation_id: str = field(default_factory=lambda: secrets.token_hex(16))
     # Set by the stop button; the streaming handler checks it at every event.
     stop_requested: bool = False
-    # Where the web server keeps uploads: the uploads this session sent are deleted there too.
-    upload_root: Path | None = None
     _folder: Path | None = None
-    uploads: list[Path] = field(default_factory=list)
 
     @property
     def folder(self) -> Path:
@@ -135,18 +132,16 @@ class Session:
             ) from None
         except OSError:
             shutil.copyfile(source, target)
-        if self.upload_root is not None and source.resolve().is_relative_to(self.upload_root.resolve()):
-            self.uploads.append(source)
         return target
 
     def close(self) -> None:
-        """Deletes the conversation, its folder and the uploads it sent."""
+        """Deletes the conversation and its folder: the session's own copies of what it sent.
+        The uploads themselves are not the session's to delete: Gradio keeps identical uploads of
+        every tab at one path (a folder named by the content's hash), and the examples' files are
+        shared by everyone; Gradio's own sweep (`delete_cache`) removes old uploads."""
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
-        for upload in self.uploads:
-            upload.unlink(missing_ok=True)
-        self.uploads.clear()
         self.turns.clear()
         self.conversation_id = secrets.token_hex(16)
 

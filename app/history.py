@@ -15,22 +15,24 @@ views call it in a worker thread once an answer has ended, never while it stream
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import io
 import logging
+import re
 import secrets
 import shutil
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from PIL import Image
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from sqlalchemy import (
     JSON,
+    Boolean,
     Float,
     ForeignKey,
     Integer,
@@ -38,9 +40,11 @@ from sqlalchemy import (
     String,
     Text,
     create_engine,
+    delete,
     event,
     func,
     select,
+    text,
 )
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
@@ -71,9 +75,17 @@ class Record(BaseModel):
 
 class MediaRecord(Record):
     hash: str = Field(pattern=r"^[0-9a-f]{64}$")
-    name: str = Field(max_length=255)  # as the user sent it, never a server path
+    # As the user sent it: display text only. It never becomes a path (files are stored and
+    # copied under their hash), and it is cut to a plain base name on the way in, so a crafted
+    # import that names "../../x" or "/etc/passwd" shows "x" or "passwd" and reaches nothing.
+    name: str = Field(max_length=255)
     kind: Literal["image", "video"]
-    description: str = ""  # kind, size and pixels, as the answer's label shows them
+    description: str = Field(default="", max_length=1000)  # kind, size and pixels, as shown
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _display_name(cls, name: Any) -> Any:
+        return display_name(name) if isinstance(name, str) else name
 
 
 class ReplyRecord(Record):
@@ -175,6 +187,20 @@ def new_id() -> str:
     return secrets.token_hex(16)
 
 
+def safe_suffix(path: Path) -> str:
+    """A stored file's suffix: the user's, lowered, where it is plain letters and digits."""
+    suffix = path.suffix.lower()
+    return suffix if re.fullmatch(r"\.[0-9a-z]{1,15}", suffix) else ""
+
+
+def display_name(name: str) -> str:
+    """A file name as display text: its last part (either slash), without control characters;
+    "file" when nothing is left (".", "..", an empty name)."""
+    base = name.replace("\\", "/").rsplit("/", 1)[-1]
+    base = "".join(c for c in base if c.isprintable()).strip()[:255]
+    return base if base not in ("", ".", "..") else "file"
+
+
 def title_of(text: str) -> str:
     """A conversation's first title: its first message's first words."""
     words = " ".join(text.split())
@@ -231,6 +257,19 @@ class MediaRow(Base):
     thumbnail: Mapped[bytes] = mapped_column(LargeBinary)
     # When the file was last written or used; None once it is no longer kept (thumbnail only).
     stored_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class MediaOwner(Base):
+    """Which browsers may see a medium. Knowing a hash gives nothing: a browser sees the file
+    only if it sent the file itself (`has_file`); a browser that imported a record naming the
+    hash sees the thumbnail its own import carried (`thumbnail`), never the file."""
+
+    __tablename__ = "media_owners"
+
+    hash: Mapped[str] = mapped_column(ForeignKey("media.hash", ondelete="CASCADE"), primary_key=True)
+    browser_id: Mapped[str] = mapped_column(String(64), primary_key=True, index=True)
+    has_file: Mapped[bool] = mapped_column(Boolean)
+    thumbnail: Mapped[bytes] = mapped_column(LargeBinary, default=b"", server_default=text("''"))
 
 
 class MediaLink(Base):
@@ -354,51 +393,88 @@ class History:
 
     # --- media ---
 
-    def _keep_media(self, session: Session, medium: MediaRecord, path: Path | None) -> None:
-        """The row of a medium a turn holds (its thumbnail made from `path`, the user's file),
-        and its file while media is stored; the same file sent twice is kept once."""
+    def _keep_media(self, session: Session, browser_id: str, medium: MediaRecord, path: Path | None) -> None:
+        """The row of a medium a turn holds, and `browser_id`'s claim on it. With `path` (the
+        browser's own file) the row's kind, size and thumbnail are made from the file, replacing
+        whatever an import of the same hash had claimed, and the file is kept while media is
+        stored; without one (a record, an import) the browser sees only what it already had."""
         row = session.get(MediaRow, medium.hash)
         if row is None:
-            suffix = path.suffix.lower() if path else ""
-            size = path.stat().st_size if path else 0
-            image = thumbnail(path, medium.kind) if path else b""
-            row = MediaRow(hash=medium.hash, kind=medium.kind, suffix=suffix, size=size, thumbnail=image)
+            row = MediaRow(hash=medium.hash, kind=medium.kind, suffix="", size=0, thumbnail=b"")
             session.add(row)
-        if self.store_media and path is not None:
-            target = self.media_path(medium.hash, row.suffix)
-            if not target.exists():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                partial = target.with_name(target.name + ".part")
-                shutil.copyfile(path, partial)
-                partial.replace(target)
-            row.stored_at = self.clock()
+        if path is not None:
+            if not row.size:  # never made from the file: an import's word for it is not kept
+                row.kind, row.suffix = medium.kind, safe_suffix(path)
+                row.size, row.thumbnail = path.stat().st_size, thumbnail(path, medium.kind)
+            if self.store_media:
+                target = self.media_path(medium.hash, row.suffix)
+                if not target.exists():
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    partial = target.with_name(f"{target.name}.{secrets.token_hex(4)}.part")
+                    shutil.copyfile(path, partial)
+                    partial.replace(target)
+                row.stored_at = self.clock()
+        owner = session.get(MediaOwner, (medium.hash, browser_id))
+        if owner is None:
+            session.add(MediaOwner(hash=medium.hash, browser_id=browser_id, has_file=path is not None))
+        elif path is not None:
+            owner.has_file = True
 
     def media_path(self, digest: str, suffix: str) -> Path:
-        return self.media_dir / digest[:2] / f"{digest}{suffix.lower()}"
+        """Where a medium's file is kept: under the media folder by its hash, never by a name."""
+        if not re.fullmatch(r"[0-9a-f]{64}", digest) or not re.fullmatch(r"(\.[0-9a-z]{1,15})?", suffix):
+            raise ValueError("not a media hash and suffix")
+        return self.media_dir / digest[:2] / f"{digest}{suffix}"
 
-    def media_file(self, digest: str) -> Path | None:
-        """The kept file of a medium, or None where it is no longer kept."""
+    def media_file(self, browser_id: str, digest: str) -> Path | None:
+        """The kept file of a medium `browser_id` sent itself, or None (not theirs, or no longer
+        kept)."""
         with self.session() as session:
             row = session.get(MediaRow, digest)
-            if row is None or row.stored_at is None:
+            owner = session.get(MediaOwner, (digest, browser_id))
+            if row is None or row.stored_at is None or owner is None or not owner.has_file:
                 return None
             path = self.media_path(digest, row.suffix)
             return path if path.exists() else None
 
-    def thumbnail(self, digest: str) -> bytes | None:
+    def thumbnail(self, browser_id: str, digest: str) -> bytes | None:
+        """The medium's thumbnail as `browser_id` may see it: made from its own file, or the one
+        its own import carried; None for a medium that is not theirs."""
         with self.session() as session:
             row = session.get(MediaRow, digest)
-            return row.thumbnail if row is not None else None
+            owner = session.get(MediaOwner, (digest, browser_id))
+            if row is None or owner is None:
+                return None
+            return row.thumbnail if owner.has_file else owner.thumbnail
 
     def expire_media(self) -> int:
-        """Deletes the media files kept longer than the retention (thumbnails stay); their count."""
+        """Deletes the media files kept longer than the retention (thumbnails stay); their count.
+        The files go only once the database no longer points at them (after the commit)."""
         cutoff = self.clock() - self.retention_s
         with self.session() as session:
             rows = session.scalars(select(MediaRow).where(MediaRow.stored_at < cutoff)).all()
+            expired = {row.hash: row.suffix for row in rows}
             for row in rows:
-                self.media_path(row.hash, row.suffix).unlink(missing_ok=True)
                 row.stored_at = None
-            return len(rows)
+        self._unlink_unkept(expired)
+        return len(expired)
+
+    def _unlink_unkept(self, candidates: dict[str, str]) -> None:
+        """Deletes the files of `candidates` (hash -> suffix) that the committed database no
+        longer keeps: one stored again meanwhile by another request stays."""
+        if not candidates:
+            return
+        with self.session() as session:
+            kept = set(
+                session.scalars(
+                    select(MediaRow.hash).where(
+                        MediaRow.hash.in_(candidates), MediaRow.stored_at.is_not(None)
+                    )
+                )
+            )
+        for digest, suffix in candidates.items():
+            if digest not in kept:
+                self.media_path(digest, suffix).unlink(missing_ok=True)
 
     # --- conversations ---
 
@@ -427,7 +503,7 @@ class History:
             row.turns.clear()
             session.flush()
             for medium in {m.hash: m for t in record.turns for m in t.media}.values():
-                self._keep_media(session, medium, files.get(medium.hash))
+                self._keep_media(session, browser_id, medium, files.get(medium.hash))
             for position, turn in enumerate(record.turns):
                 row.turns.append(
                     TurnRow(
@@ -441,7 +517,8 @@ class History:
                     )
                 )
             session.flush()
-            self._delete_unlinked_media(session, held_before)
+            unlinked = self._delete_unlinked_media(session, browser_id, held_before)
+        self._unlink_unkept(unlinked)
 
     def list(self, browser_id: str) -> list[Summary]:
         """A browser's conversations, the latest first."""
@@ -499,21 +576,27 @@ class History:
             held = {link.hash for turn in row.turns for link in turn.links}
             session.delete(row)
             session.flush()
-            self._delete_unlinked_media(session, held)
+            unlinked = self._delete_unlinked_media(session, browser_id, held)
+        self._unlink_unkept(unlinked)
 
     def export(self, browser_id: str, conversation_id: str) -> str:
         """The conversation as JSON, with its media's thumbnails."""
         record = self.load(browser_id, conversation_id)
         thumbnails = {}
         for medium in (m for t in record.turns for m in t.media):
-            data = self.thumbnail(medium.hash)
-            if data is not None:
+            data = self.thumbnail(browser_id, medium.hash)
+            if data:
                 thumbnails[medium.hash] = base64.b64encode(data).decode()
         return Export(conversation=record, thumbnails=thumbnails).model_dump_json(indent=1)
 
     def import_json(self, browser_id: str, text: str | bytes) -> ConversationRecord:
-        """A conversation exported here or elsewhere, stored for `browser_id` under a new id.
-        Media whose files this server does not keep come back as thumbnails only."""
+        """A conversation exported here or elsewhere, stored for `browser_id` under a new id,
+        within `IMPORT_LIMITS`. Its media come back as the thumbnails the file carries, never as
+        files this server keeps for someone else: a hash names a picture, it does not open it."""
+        if len(text) > IMPORT_LIMITS.total_bytes:
+            raise HistoryError(
+                f"That file is too big to import (at most {IMPORT_LIMITS.total_bytes // 2**20} MiB)."
+            )
         try:
             exported = Export.model_validate_json(text)
         except ValidationError as error:
@@ -522,14 +605,14 @@ class History:
             raise HistoryError(
                 f"That file is not a conversation exported from VLM Playground ({where}: {first['msg']})."
             ) from None
+        IMPORT_LIMITS.check(exported)
         record = exported.conversation.model_copy(update={"id": new_id(), "created_at": 0.0})
         self.save(browser_id, record)
-        with self.session() as session:  # thumbnails for media this server had not seen
+        with self.session() as session:  # the import's own thumbnails, for this browser only
             for digest, encoded in exported.thumbnails.items():
-                row = session.get(MediaRow, digest)
-                if row is not None and not row.thumbnail:
-                    with contextlib.suppress(ValueError):
-                        row.thumbnail = base64.b64decode(encoded, validate=True)
+                owner = session.get(MediaOwner, (digest, browser_id))
+                if owner is not None and not owner.has_file and not owner.thumbnail:
+                    owner.thumbnail = IMPORT_LIMITS.thumbnail_bytes(encoded)
         return self.load(browser_id, record.id)
 
     # --- votes ---
@@ -573,18 +656,96 @@ class History:
             raise HistoryError("That conversation is no longer stored (deleted, maybe in another tab).")
         return row
 
-    def _delete_unlinked_media(self, session: Session, candidates: set[str]) -> None:
-        """Deletes those of `candidates` (media a deleted or rewritten conversation held) that no
-        turn holds now. Only those: a medium being saved by another request is left alone."""
+    def _delete_unlinked_media(
+        self, session: Session, browser_id: str, candidates: set[str]
+    ) -> dict[str, str]:
+        """Forgets those of `candidates` (media a deleted or rewritten conversation held) that no
+        turn holds now, and `browser_id`'s claim on those none of its turns hold. Only those: a
+        medium being saved by another request is left alone. Returns the forgotten media (hash
+        -> suffix), whose files the caller deletes once this is committed."""
         if not candidates:
-            return
+            return {}
         linked = select(MediaLink.hash).where(MediaLink.hash.in_(candidates))
         gone = session.scalars(
             select(MediaRow).where(MediaRow.hash.in_(candidates), MediaRow.hash.not_in(linked))
         ).all()
+        theirs = (
+            select(MediaLink.hash)
+            .join(TurnRow, TurnRow.id == MediaLink.turn_id)
+            .join(ConversationRow, ConversationRow.id == TurnRow.conversation_id)
+            .where(ConversationRow.browser_id == browser_id, MediaLink.hash.in_(candidates))
+        )
+        session.execute(
+            delete(MediaOwner).where(
+                MediaOwner.browser_id == browser_id,
+                MediaOwner.hash.in_(candidates),
+                MediaOwner.hash.not_in(theirs),
+            )
+        )
+        forgotten = {row.hash: row.suffix for row in gone}
+        if forgotten:
+            session.execute(delete(MediaOwner).where(MediaOwner.hash.in_(forgotten)))
         for row in gone:
-            self.media_path(row.hash, row.suffix).unlink(missing_ok=True)
             session.delete(row)
+        return forgotten
+
+
+@dataclass(frozen=True)
+class ImportLimits:
+    """What a history import may hold: a file made by an export here fits with room to spare
+    (a long chat is a few hundred turns; a thumbnail is a 160-pixel JPEG of a few KB)."""
+
+    total_bytes: int = 16 * 2**20
+    turns: int = 1000
+    media_per_turn: int = 64
+    replies_per_turn: int = 16
+    field_chars: int = 200_000  # a message, an answer, a system prompt
+    thumbnails: int = 2000
+    thumbnail_bytes_each: int = 64 * 1024
+
+    def check(self, exported: Export) -> None:
+        """Refuses, in one line, an import past these limits."""
+        record = exported.conversation
+        problems = [
+            (len(record.turns) > self.turns, f"at most {self.turns} turns"),
+            (len(exported.thumbnails) > self.thumbnails, f"at most {self.thumbnails} thumbnails"),
+            (
+                any(len(t.media) > self.media_per_turn for t in record.turns),
+                f"at most {self.media_per_turn} files in a turn",
+            ),
+            (
+                any(len(t.replies) > self.replies_per_turn for t in record.turns),
+                f"at most {self.replies_per_turn} answers in a turn",
+            ),
+            (
+                max([len(record.system_prompt), *(self._longest(t) for t in record.turns)])
+                > self.field_chars,
+                f"at most {self.field_chars:,} characters in a message or an answer",
+            ),
+            (
+                any(len(v) > self.thumbnail_bytes_each * 4 // 3 + 4 for v in exported.thumbnails.values()),
+                f"thumbnails of at most {self.thumbnail_bytes_each // 1024} KB",
+            ),
+        ]
+        for broken, limit in problems:
+            if broken:
+                raise HistoryError(f"That file cannot be imported: an import holds {limit}.")
+
+    @staticmethod
+    def _longest(turn: TurnRecord) -> int:
+        return max([len(turn.text), len(turn.expected), *(len(r.answer) for r in turn.replies)])
+
+    def thumbnail_bytes(self, encoded: str) -> bytes:
+        """An imported thumbnail's bytes if they are a JPEG of the allowed size, else none (it is
+        only ever shown to the browser that imported it, and never decoded here)."""
+        try:
+            data = base64.b64decode(encoded, validate=True)
+        except ValueError:
+            return b""
+        return data if data.startswith(b"\xff\xd8\xff") and len(data) <= self.thumbnail_bytes_each else b""
+
+
+IMPORT_LIMITS = ImportLimits()
 
 
 def describe_media(path: Path, name: str, kind: Literal["image", "video"], description: str) -> MediaRecord:

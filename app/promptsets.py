@@ -19,6 +19,7 @@ import asyncio
 import csv
 import io
 import json
+import os
 import shutil
 import tempfile
 import zipfile
@@ -75,8 +76,17 @@ class PromptSet:
     # A folder this set unpacked (a zip), deleted by `close`.
     unpacked: Path | None = None
 
+    # Where a reopened run keeps each file (its name -> a path under its hash); None: by name.
+    files: dict[str, Path] | None = None
+
     def path(self, name: str) -> Path:
-        return self.folder / name
+        """The file an item names: never outside the set's folder, whatever the name says."""
+        if self.files is not None:
+            return self.files.get(name, self.folder / ".missing")
+        # Lexical, so that a user's own folder of links still works from the command line;
+        # uploaded zips never unpack links.
+        path = Path(os.path.normpath(self.folder / name))
+        return path if path.is_relative_to(os.path.normpath(self.folder)) else self.folder / ".missing"
 
     def close(self) -> None:
         if self.unpacked is not None:

@@ -62,14 +62,11 @@ class SessionStore:
         ttl_s: float,
         clock: Callable[[], float] = time.monotonic,
         scratch: Path | None = None,
-        upload_root: Path | None = None,
     ) -> None:
         self.grace_s = grace_s
         self.ttl_s = ttl_s
         self.clock = clock
         self.scratch = scratch or Path(tempfile.gettempdir())
-        # The web server's upload folder: a session deletes the uploads it sent from there.
-        self.upload_root = upload_root
         self.visits: dict[str, Visit] = {}
         self.lock = threading.Lock()
 
@@ -79,8 +76,7 @@ class SessionStore:
             visit = self.visits.get(token or "")
             if visit is None:
                 token = secrets.token_urlsafe(24)
-                chat, compare, arena = (Session(upload_root=self.upload_root) for _ in range(3))
-                visit = Visit(chat=chat, compare=compare, arena=arena)
+                visit = Visit()
                 self.visits[token] = visit
             visit.pages.add(page)
             visit.detached_at = None

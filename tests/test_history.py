@@ -102,7 +102,7 @@ def test_a_conversation_is_stored_listed_reopened_and_renamed(history: History, 
     assert [t.replies[0].answer for t in reopened.turns] == ["blue", "green"]
     assert reopened.turns[1].media[0].name == "green.png"
     assert (
-        history.media_file(reopened.turns[1].media[0].hash).read_bytes()
+        history.media_file("browser-1", reopened.turns[1].media[0].hash).read_bytes()
         == (tmp_path / "green.png").read_bytes()
     )
     history.rename("browser-1", first.id, "  My   red one ")
@@ -134,10 +134,10 @@ def test_a_deleted_conversation_leaves_no_rows_and_no_files_it_alone_held(histor
     assert [s.id for s in history.list("browser-1")] == [kept.id]
     # The red picture is still in the other conversation; the blue one is gone with its row.
     assert media_on_disk(history) == {red}
-    assert history.media_file(blue) is None and history.thumbnail(blue) is None
+    assert history.media_file("browser-1", blue) is None and history.thumbnail("browser-1", blue) is None
     history.delete("browser-1", kept.id)
     assert media_on_disk(history) == set()
-    for table in ("conversations", "turns", "media", "media_links"):
+    for table in ("conversations", "turns", "media", "media_links", "media_owners"):
         assert row_count(history, table) == 0, table
 
 
@@ -170,8 +170,8 @@ def test_without_stored_media_only_thumbnails_are_kept(url: str, tmp_path: Path)
     try:
         record = conversation(history, "browser-1", tmp_path, "red")
         digest = record.turns[0].media[0].hash
-        assert media_on_disk(history) == set() and history.media_file(digest) is None
-        with Image.open(__import__("io").BytesIO(history.thumbnail(digest))) as thumb:
+        assert media_on_disk(history) == set() and history.media_file("browser-1", digest) is None
+        with Image.open(__import__("io").BytesIO(history.thumbnail("browser-1", digest))) as thumb:
             assert thumb.getpixel((0, 0))[0] > 200  # red
     finally:
         history.close()
@@ -184,13 +184,24 @@ def test_media_files_expire_after_the_retention_and_thumbnails_stay(url: str, tm
         record = conversation(history, "browser-1", tmp_path, "red")
         digest = record.turns[0].media[0].hash
         now[0] += 1800
-        assert history.expire_media() == 0 and history.media_file(digest) is not None
+        assert history.expire_media() == 0 and history.media_file("browser-1", digest) is not None
         now[0] += 3600
         assert history.expire_media() == 1
-        assert history.media_file(digest) is None and media_on_disk(history) == set()
-        assert history.thumbnail(digest) and history.load("browser-1", record.id).turns[0].media
+        assert history.media_file("browser-1", digest) is None and media_on_disk(history) == set()
+        assert history.thumbnail("browser-1", digest) and history.load("browser-1", record.id).turns[0].media
     finally:
         history.close()
+
+
+def newest_revision() -> str:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    from app.history import MIGRATIONS
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    return ScriptDirectory.from_config(config).get_current_head() or ""
 
 
 def test_the_migrations_match_the_tables_and_running_them_again_keeps_the_data(history: History, url: str):
@@ -202,7 +213,7 @@ def test_the_migrations_match_the_tables_and_running_them_again_keeps_the_data(h
     with history.engine.connect() as connection:
         context = MigrationContext.configure(connection)
         assert compare_metadata(context, Base.metadata) == []
-        assert context.get_current_revision() == "0003"
+        assert context.get_current_revision() == newest_revision()
     again = History(url, history.media_dir)  # an app restart or an upgrade
     assert again.load("browser-1", record.id).turns[0].text == "kept"
     again.close()

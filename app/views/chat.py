@@ -54,6 +54,7 @@ class ChatView:
     ) -> AsyncIterator[tuple[Any, ...]]:
         """A new user message: checked and loaded, then answered as it streams."""
         text, files = message.get("text") or "", list(message.get("files") or [])
+        self.playground.active(visit)
         session = visit.chat if visit is not None else Session()
         try:
             if visit is None:
@@ -79,6 +80,7 @@ class ChatView:
     async def regenerate(
         self, visit: Visit | None, key: str, system: str, *controls: Any
     ) -> AsyncIterator[tuple[Any, ...]]:
+        self.playground.active(visit)
         session = visit.chat if visit is not None else Session()
         if not session.turns:
             yield conversation(session), gr.skip(), "Nothing to regenerate yet.", gr.skip()

@@ -40,6 +40,7 @@ class CompareView:
         self, message: dict[str, Any], visit: Visit | None, keys: list[str], system: str, *controls: Any
     ) -> AsyncIterator[tuple[Any, ...]]:
         text, files = message.get("text") or "", list(message.get("files") or [])
+        self.playground.active(visit)
         session = visit.compare if visit is not None else Session()
         try:
             if visit is None:

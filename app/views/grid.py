@@ -91,6 +91,7 @@ class GridView:
 
     async def run(self, visit: Visit | None) -> AsyncIterator[tuple[Any, ...]]:
         """Runs (or resumes) the checked set; the grid fills as answers stream."""
+        self.playground.active(visit)
         work = visit.grid if visit is not None else None
         if work is None or work.run is None:
             yield "Check a set first.", gr.skip(), gr.skip(), *no_exports()
@@ -109,6 +110,7 @@ class GridView:
             )
             async with contextlib.aclosing(updates):
                 async for _ in updates:
+                    self.playground.active(visit)  # a long run is the tab's activity
                     yield gr.skip(), progress_bar(run), self.table(work), *no_exports()
                     if work.stop_requested:
                         break

@@ -161,6 +161,7 @@ class HistoryView:
         """Opens a stored conversation: a chat in the chat tab (its turns, files, answers and
         model, to go on with), a comparison in the compare tab (its columns)."""
         unchanged = (gr.skip(),) * len(self.reopened)
+        self.playground.active(visit)
         history = self.history
         if history is None or visit is None or not conversation_id:
             return unchanged
@@ -173,12 +174,14 @@ class HistoryView:
         if record.kind == "grid":
             notice = await self.grid_reopened(history, record, visit)
             return (*unchanged[:3], gr.Tabs(selected="grid-tab"), *unchanged[4:-1], notice)
-        session = Session(upload_root=visit.chat.upload_root)
+        session = Session()
         session.conversation_id = record.id
         # Only the chat shows a video's frames (for its model, if still in the catalog).
         choice = self.playground.choices.get(record.model) if record.kind == "chat" else None
         video_frames = choice.card.video_frames if choice is not None else None
-        missing = await asyncio.to_thread(self._restore, history, record, session, video_frames)
+        missing = await asyncio.to_thread(
+            self._restore, history, visit.browser_id, record, session, video_frames
+        )
         notice = GONE_FILES.format(days=self.playground.settings.media_retention_days) if missing else ""
         if record.kind == "compare":
             visit.compare.close()
@@ -206,16 +209,19 @@ class HistoryView:
             return "A set is running in the grid tab: stop it first, then reopen this one."
         folder = Path(tempfile.mkdtemp(prefix=SESSION_FOLDER_PREFIX))
         missing = False
+        # Each file is copied under its hash: a stored name is display text and never a path.
+        files: dict[str, Path] = {}
         for medium in {m.name: m for turn in record.turns for m in turn.media}.values():
-            path = history.media_file(medium.hash)
+            path = history.media_file(visit.browser_id, medium.hash)
             if path is None:
                 missing = True
             else:
-                shutil.copyfile(path, folder / medium.name)
+                files[medium.name] = folder / f"{medium.hash}{path.suffix}"
+                shutil.copyfile(path, files[medium.name])
         keys = [key for key in record.model.split(",") if key in self.playground.choices]
         cards = [self.playground.choices[key].card for key in keys]
         run = from_record(record, {card.key: card for card in cards}, SamplingSettings())
-        prompt_set = PromptSet(run.set_name, run.items, folder, unpacked=folder)
+        prompt_set = PromptSet(run.set_name, run.items, folder, unpacked=folder, files=files)
         checked = await check_set(prompt_set, cards, self.playground.decoder)
         if visit.grid is not None:
             visit.grid.close()
@@ -241,9 +247,9 @@ class HistoryView:
         )
 
     @staticmethod
-    def _gone(history: History, medium: MediaRecord, session: Session) -> GoneFile:
+    def _gone(history: History, browser_id: str, medium: MediaRecord, session: Session) -> GoneFile:
         """A file no longer kept, with its stored thumbnail in the session's folder to show."""
-        data = history.thumbnail(medium.hash)
+        data = history.thumbnail(browser_id, medium.hash)
         picture = None
         if data:
             picture = session.folder / f"gone-{medium.hash[:16]}.jpg"
@@ -260,7 +266,12 @@ class HistoryView:
         return save_thumbnails(clip, session.folder / f"{video.stem}-frames")
 
     def _restore(
-        self, history: History, record: ConversationRecord, session: Session, video_frames: int | None
+        self,
+        history: History,
+        browser_id: str,
+        record: ConversationRecord,
+        session: Session,
+        video_frames: int | None,
     ) -> bool:
         """Fills `session` with `record`'s turns; True if some files are no longer kept. With
         `video_frames` (the chat's model's), each video gets its strip of frames again."""
@@ -268,11 +279,11 @@ class HistoryView:
         for stored in record.turns:
             turn = Turn(text=stored.text)
             for medium in stored.media:
-                path = history.media_file(medium.hash)
-                if path is None:  # past the retention, or stored without media
+                path = history.media_file(browser_id, medium.hash)
+                if path is None:  # past the retention, stored without media, or imported
                     missing = True
                     turn.media.append(f"{medium.name}: no longer kept on the server")
-                    turn.gone.append(self._gone(history, medium, session))
+                    turn.gone.append(self._gone(history, browser_id, medium, session))
                     continue
                 kept = session.keep(path)
                 turn.names[kept] = medium.name

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import secrets
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -22,6 +21,7 @@ from app.views.guard import Guard, allowed_hosts
 from app.views.history import HistoryView
 from app.views.leaderboard import LEADERBOARD_API, LeaderboardView
 from app.views.services import Playground
+from app.views.widgets import EXAMPLES
 
 # Uploads older than this are removed from Gradio's upload cache (checked as often). A message
 # keeps its own links to the files it sent, so only files never sent are lost.
@@ -85,9 +85,11 @@ class Page:
         self.sessions.detach(request.session_hash or "")
 
     def build(self) -> gr.Blocks:
+        # The examples are served from where they lie, never copied into Gradio's upload cache,
+        # where its sweep (and any code that tidies uploads) would delete them for everyone.
+        gr.set_static_paths([EXAMPLES])
         with gr.Blocks(title="VLM Playground", delete_cache=(UPLOAD_MAX_AGE_S, UPLOAD_MAX_AGE_S)) as demo:
             gr.Markdown("# VLM Playground\nChat with vision-language models served by vLLM.")
-            self.sessions.upload_root = Path(demo.GRADIO_CACHE)
             visit = gr.State(None)
             token, browser = gr.Textbox(visible=False), gr.Textbox(visible=False)
             with gr.Tabs() as tabs:

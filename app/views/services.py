@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,11 +21,13 @@ from app.grounding import draw_answer_boxes
 from app.history import History
 from app.media import VideoDecoderPool
 from app.replies import Reply, stream_reply
-from app.sessions import SessionStore
+from app.sessions import SessionStore, Visit
 
 log = logging.getLogger(__name__)
 
 MAX_TOKENS_SLIDER = 4096
+# How often tabs past their time-to-live and media past the retention are deleted.
+HOUSEKEEPING_S = 600.0
 WARNING = "⚠️ "
 
 
@@ -73,15 +76,51 @@ class Playground:
         # Each browser tab's conversations, kept across a reload and deleted when it is gone.
         self.sessions = SessionStore(settings.reload_grace_s, settings.session_ttl_s)
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._housekeeping_stop = threading.Event()
+        self._housekeeping: threading.Thread | None = None
+
+    def housekeeping(self) -> None:
+        """One round of what nobody's click does: tabs unused past the time-to-live go, and so do
+        stored media files past the history's retention (their thumbnails stay)."""
+        self.sessions.sweep()
+        if self.history is not None:
+            expired = self.history.expire_media()
+            if expired:
+                log.info("deleted %d media file(s) kept longer than the retention", expired)
+
+    def start_housekeeping(self, every_s: float = HOUSEKEEPING_S) -> None:
+        """Runs `housekeeping` now and then every `every_s` seconds, until `close`."""
+
+        def rounds() -> None:
+            while not self._housekeeping_stop.is_set():
+                try:
+                    self.housekeeping()
+                except Exception:  # a database away for a moment: the next round tries again
+                    log.warning("housekeeping failed; trying again in %.0f s", every_s, exc_info=True)
+                self._housekeeping_stop.wait(every_s)
+
+        self._housekeeping = threading.Thread(target=rounds, name="housekeeping", daemon=True)
+        self._housekeeping.start()
+
+    def stop_housekeeping(self) -> None:
+        self._housekeeping_stop.set()
+        if self._housekeeping is not None:
+            self._housekeeping.join(timeout=30)
 
     def close(self, timeout_s: float = 120) -> None:
         """Deletes every session's files and shuts the engines down on the server's loop, if
         it still runs (called at exit)."""
+        self.stop_housekeeping()
         self.sessions.close()
         if self.history is not None:
             self.history.close()
         if self.loop is not None and self.loop.is_running():
             asyncio.run_coroutine_threadsafe(self.manager.close(), self.loop).result(timeout_s)
+
+    def active(self, visit: Visit | None) -> None:
+        """The tab did something: its time-to-live counts from now, not from the page's load."""
+        if visit is not None:
+            self.sessions.touch(visit)
 
     def servable(self, key: str | None) -> ModelCard:
         """The card for a model a user picked; refuses anything the operator does not serve."""

@@ -1,0 +1,281 @@
+"""A hostile visitor against the history (issue 25): a crafted import is data, never a path or a
+key. Each test drives what a visitor can send (an import file, a reopen) through the real
+history views over a real SQLite database and real files, and checks what must never happen:
+a file written or read outside the app's folders, another visitor's picture or thumbnail shown,
+an import past its limits taken."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from PIL import Image
+
+from app.cards import ModelCard
+from app.config import Settings
+from app.engine import EngineManager
+from app.history import (
+    IMPORT_LIMITS,
+    ConversationRecord,
+    Export,
+    History,
+    HistoryError,
+    MediaRecord,
+    ReplyRecord,
+    TurnRecord,
+    describe_media,
+    display_name,
+    new_id,
+    sqlite_url,
+)
+from app.media import VideoDecoderPool
+from app.sessions import SessionStore, Visit
+from app.views import Playground
+from app.views.chat import ChatView
+from app.views.compare import CompareView
+from app.views.grid import GridView
+from app.views.history import HistoryView
+from app.views.page import Page
+from app.vllm_engine import VllmEngineFactory
+
+
+@pytest.fixture(scope="module")
+def views(
+    loop, tiny_cards: dict[str, ModelCard], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[HistoryView, History]]:
+    settings = Settings(gpu_count=0)
+    manager = EngineManager(tiny_cards, settings, VllmEngineFactory(settings))  # never asked here
+    decoder = VideoDecoderPool(workers=1)
+    folder = tmp_path_factory.mktemp("strangers")
+    history = History(sqlite_url(folder), folder / "media")
+    playground = Playground(manager, settings, decoder, history)
+    chat = ChatView(playground)
+    yield HistoryView(playground, chat, CompareView(playground), GridView(playground)), history
+    loop.run(manager.close())
+    history.close()
+    decoder.close()
+
+
+def picture(path: Path, colour: str) -> Path:
+    Image.new("RGB", (64, 48), colour).save(path)
+    return path
+
+
+def grid_export(media: list[MediaRecord], thumbnails: dict[str, str] | None = None) -> str:
+    """A grid run's export file, as a visitor can write it by hand."""
+    turn = TurnRecord(
+        text="What colour is it?",
+        item_id="one",
+        media=media,
+        replies=[ReplyRecord(model="tiny-a", answer="red")],
+    )
+    record = ConversationRecord(id=new_id(), kind="grid", title="Grid: mine", model="tiny-a", turns=[turn])
+    return Export(conversation=record, thumbnails=thumbnails or {}).model_dump_json()
+
+
+def crafted(medium: MediaRecord, name: str) -> dict:
+    """`medium` with a `name` the model itself would refuse: written into the JSON by hand."""
+    return {**medium.model_dump(), "name": name}
+
+
+def save_picture(history: History, browser: str, path: Path) -> MediaRecord:
+    medium = describe_media(path, path.name, "image", "image, 64×48 px")
+    turn = TurnRecord(text="What is it?", media=[medium], replies=[ReplyRecord(model="tiny-a", answer="x")])
+    history.save(browser, ConversationRecord(id=new_id(), model="tiny-a", turns=[turn]), {medium.hash: path})
+    return medium
+
+
+def test_a_crafted_media_name_writes_and_reads_no_file_outside_the_apps_folders(loop, views, tmp_path: Path):
+    """The critical finding: a grid record naming `../..` or an absolute path, reopened, used to
+    copy a stored file to that path, and to read the path back as the item's picture."""
+    view, history = views
+    mine = save_picture(history, "visitor", picture(tmp_path / "red.png", "red"))
+    secret = picture(tmp_path / "secret.png", "blue")  # a file of the server's, outside every folder
+    target = tmp_path / "written-by-the-visitor.png"
+    depth = "../" * 12
+    names = [f"{depth}{str(target).lstrip('/')}", str(target), f"..\\..\\{target.name}", str(secret)]
+    for name in names:
+        data = json.loads(grid_export([]))
+        data["conversation"]["turns"][0]["media"] = [crafted(mine, name)]
+        record = history.import_json("visitor", json.dumps(data))
+        assert "/" not in record.turns[0].media[0].name and "\\" not in record.turns[0].media[0].name
+        visit = Visit(browser_id="visitor")
+        notice = loop.run(view.grid_reopened(history, record, visit))
+        assert "Reopened" in notice
+        assert not target.exists(), name
+        grid = visit.grid
+        assert grid is not None
+        (item,) = grid.prompt_set.items
+        path = grid.prompt_set.path(item.media[0])
+        # The visitor's own stored picture, copied into the run's folder under its hash.
+        assert path.parent == grid.prompt_set.folder and path.name.startswith(mine.hash)
+        assert path.read_bytes() == (tmp_path / "red.png").read_bytes() != secret.read_bytes()
+        grid.close()
+
+
+def test_knowing_a_hash_gives_neither_the_file_nor_its_thumbnail(loop, views, tmp_path: Path):
+    view, history = views
+    theirs = save_picture(history, "owner", picture(tmp_path / "private.png", "green"))
+    exported = grid_export([theirs])  # the hash is all the visitor needs to name it
+    record = history.import_json("stranger", exported)
+    assert history.media_file("stranger", theirs.hash) is None
+    assert not history.thumbnail("stranger", theirs.hash)  # not the owner's thumbnail
+    visit = Visit(browser_id="stranger")
+    notice = loop.run(view.grid_reopened(history, record, visit))
+    assert "no longer kept" in notice
+    assert visit.grid is not None and not visit.grid.pictures
+    visit.grid.close()
+    # The export of the stranger's copy carries no thumbnail of the owner's picture either.
+    assert json.loads(history.export("stranger", record.id))["thumbnails"] == {}
+    # The owner still has both.
+    assert history.media_file("owner", theirs.hash) is not None and history.thumbnail("owner", theirs.hash)
+
+
+def jpeg(colour: str) -> str:
+    buffer = io.BytesIO()
+    Image.new("RGB", (16, 16), colour).save(buffer, "JPEG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_an_import_cannot_preseed_a_hashs_thumbnail_or_kind_before_its_owner_sends_it(views, tmp_path: Path):
+    _, history = views
+    path = picture(tmp_path / "later.png", "red")
+    medium = describe_media(path, path.name, "image", "")
+    forged = {**medium.model_dump(), "kind": "video"}
+    data = json.loads(grid_export([], {medium.hash: jpeg("black")}))
+    data["conversation"]["turns"][0]["media"] = [forged]
+    history.import_json("forger", json.dumps(data))
+    # The forger sees the thumbnail its own import carried, and nobody else does.
+    with Image.open(io.BytesIO(history.thumbnail("forger", medium.hash) or b"")) as seen:
+        assert seen.getpixel((8, 8))[0] < 50
+    save_picture(history, "owner-2", path)
+    with Image.open(io.BytesIO(history.thumbnail("owner-2", medium.hash) or b"")) as seen:
+        assert seen.getpixel((8, 8))[0] > 200  # made from the owner's red file
+    assert history.media_file("owner-2", medium.hash) is not None
+    assert history.media_file("forger", medium.hash) is None
+
+
+def too_big(kind: str) -> str:
+    if kind == "file":
+        return "x" * (IMPORT_LIMITS.total_bytes + 1)
+    if kind == "turns":
+        record = ConversationRecord(id=new_id(), turns=[TurnRecord(text="t")] * (IMPORT_LIMITS.turns + 1))
+        return Export(conversation=record).model_dump_json()
+    if kind == "answer":
+        reply = ReplyRecord(model="m", answer="a" * (IMPORT_LIMITS.field_chars + 1))
+        record = ConversationRecord(id=new_id(), turns=[TurnRecord(text="t", replies=[reply])])
+        return Export(conversation=record).model_dump_json()
+    big = base64.b64encode(b"\xff\xd8\xff" + b"0" * IMPORT_LIMITS.thumbnail_bytes_each).decode()
+    return Export(conversation=ConversationRecord(id=new_id()), thumbnails={"0" * 64: big}).model_dump_json()
+
+
+@pytest.mark.parametrize("kind", ["file", "turns", "answer", "thumbnail"])
+def test_an_import_past_its_limits_is_refused_in_one_line_and_stores_nothing(views, kind: str):
+    _, history = views
+    with pytest.raises(HistoryError) as refused:
+        history.import_json("bulky", too_big(kind))
+    line = str(refused.value)
+    assert "\n" not in line and "at most" in line and "Error" not in line
+    assert history.list("bulky") == []
+
+
+@given(name=st.text(max_size=300))
+def test_a_display_name_is_never_a_path(name: str):
+    shown = display_name(name)
+    assert shown and "/" not in shown and "\\" not in shown and shown not in (".", "..")
+    assert all(c.isprintable() for c in shown) and len(shown) <= 255
+    assert MediaRecord(hash="0" * 64, name=name, kind="image").name == shown
+
+
+def example_files(demo: Any) -> list[Path]:
+    """The files of the examples under the chat, as the page hands them to a visitor's message."""
+    datasets = [c for c in demo.config["components"] if c.get("type") == "dataset"]
+    found = []
+    for dataset in datasets:
+        for sample in dataset["props"].get("samples") or []:
+            for value in sample:
+                for file in (value or {}).get("files", []) if isinstance(value, dict) else []:
+                    found.append(Path(file["path"] if isinstance(file, dict) else file))
+    return found
+
+
+def test_one_visitors_clear_or_closed_tab_deletes_no_example_and_no_other_tabs_upload(views, tmp_path: Path):
+    """Gradio keeps identical uploads of every tab at one path, and the examples are everyone's:
+    a session that ends deletes its own copies only."""
+    view, _ = views
+    page = Page(view.playground)
+    demo = page.build()
+    examples = example_files(demo)
+    assert examples and all(path.is_file() for path in examples)
+    upload = Path(demo.GRADIO_CACHE) / "0123abcd" / "photo.png"  # where Gradio puts an upload
+    upload.parent.mkdir(parents=True, exist_ok=True)
+    picture(upload, "red")
+    _, first = page.sessions.attach(None, "tab-a")
+    _, second = page.sessions.attach(None, "tab-b")
+    for sent in (*examples, upload):
+        first.chat.keep(sent)
+        kept = second.chat.keep(sent)
+    first.chat.close()  # Clear, or the tab's end
+    first.close()
+    assert all(path.is_file() for path in examples), "an example was deleted for everyone"
+    assert upload.is_file() and kept.is_file(), "another tab's upload was deleted"
+    second.close()
+    assert all(path.is_file() for path in examples)
+
+
+def test_a_tab_in_use_keeps_its_chat_past_the_time_to_live_counted_from_its_load(loop, views):
+    """The time-to-live counts from the tab's last message, not from the page's load."""
+    view, _ = views
+    now = [0.0]
+    store = SessionStore(grace_s=300, ttl_s=3600, clock=lambda: now[0])
+    playground = view.playground
+    before, playground.sessions = playground.sessions, store
+    try:
+        token, visit = store.attach(None, "page")
+        for _ in range(3):  # three quarters of an hour between messages, for more than an hour
+            now[0] += 2700
+            updates = view.chat.send({"text": "Still there?", "files": []}, visit, "no-such-model", "")
+            loop.run(drain(updates))
+            store.sweep()
+            assert token in store.visits
+        now[0] += 3600
+        store.sweep()
+        assert token not in store.visits  # idle for the whole time-to-live: gone
+    finally:
+        playground.sessions = before
+        store.close()
+
+
+async def drain(updates: Any) -> None:
+    async for _ in updates:
+        pass
+
+
+def test_media_past_the_retention_are_deleted_on_a_schedule_and_thumbnails_stay(views, tmp_path: Path):
+    view, _ = views
+    now = [1000.0]
+    history = History(sqlite_url(tmp_path), tmp_path / "media", retention_s=3600, clock=lambda: now[0])
+    shared = view.playground
+    playground = Playground(shared.manager, shared.settings, shared.decoder, history)
+    try:
+        medium = save_picture(history, "visitor", picture(tmp_path / "kept.png", "red"))
+        playground.start_housekeeping(every_s=0.05)
+        time.sleep(0.3)
+        assert history.media_file("visitor", medium.hash) is not None  # within the retention
+        now[0] += 7200
+        deadline = time.monotonic() + 20
+        while history.media_file("visitor", medium.hash) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert history.media_file("visitor", medium.hash) is None
+        assert not list((tmp_path / "media").rglob("*.png")) and history.thumbnail("visitor", medium.hash)
+    finally:
+        playground.stop_housekeeping()
+        history.close()
