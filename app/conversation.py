@@ -108,6 +108,9 @@ class Session:
     turns: list[Turn] = field(default_factory=list)
     # The conversation's id in the history (`app.history`); a cleared chat starts a new one.
     conversation_id: str = field(default_factory=lambda: secrets.token_hex(16))
+    # The version of it this tab last stored or reopened (0: never stored): a save from a tab
+    # that missed another tab's save is refused rather than overwriting it.
+    stored_version: int = 0
     # Set by the stop button; the streaming handler checks it at every event.
     stop_requested: bool = False
     _folder: Path | None = None
@@ -144,6 +147,7 @@ class Session:
             self._folder = None
         self.turns.clear()
         self.conversation_id = secrets.token_hex(16)
+        self.stored_version = 0
 
 
 def is_video(path: str | Path) -> bool:

@@ -66,6 +66,12 @@ class HistoryError(ValueError):
     """A user's request about their history that cannot be done, in words for the user."""
 
 
+CHANGED_ELSEWHERE = (
+    "This conversation was changed in another tab since you opened it, so this answer was not "
+    "stored: reopen it from the history list to go on from its newest turns."
+)
+
+
 # --- the records: what a conversation is, as the views, the export and the import see it ---
 
 
@@ -147,6 +153,8 @@ class ConversationRecord(Record):
     system_prompt: str = ""
     created_at: float = 0.0
     updated_at: float = 0.0
+    # How many times it was stored: a save says which version it changes (see `History.save`).
+    version: int = Field(default=0, ge=0)
     turns: list[TurnRecord] = Field(default_factory=list)
 
 
@@ -225,6 +233,7 @@ class ConversationRow(Base):
     system_prompt: Mapped[str] = mapped_column(Text)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float, index=True)
+    version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     turns: Mapped[list[TurnRow]] = relationship(
         cascade="all, delete-orphan", order_by="TurnRow.position", passive_deletes=True
     )
@@ -478,15 +487,26 @@ class History:
 
     # --- conversations ---
 
-    def save(self, browser_id: str, record: ConversationRecord, files: dict[str, Path] | None = None) -> None:
+    def save(
+        self,
+        browser_id: str,
+        record: ConversationRecord,
+        files: dict[str, Path] | None = None,
+        changes: int | None = None,
+    ) -> int:
         """Stores `record` whole for `browser_id` (its turns replace those stored before); `files`
-        are the user's files by content hash (`describe_media`), kept in the same transaction."""
+        are the user's files by content hash (`describe_media`), kept in the same transaction.
+        With `changes`, the version the caller last stored or opened (0: a new conversation):
+        if another tab stored it since, nothing is stored and a `HistoryError` says so. Returns
+        the version now stored."""
         files = files or {}
         now = self.clock()
         with self.session() as session:
-            row = session.get(ConversationRow, record.id)
+            row = session.get(ConversationRow, record.id, with_for_update=changes is not None)
             if row is not None and row.browser_id != browser_id:
                 raise HistoryError("That conversation is not yours.")
+            if changes is not None and (row.version if row is not None else 0) != changes:
+                raise HistoryError(CHANGED_ELSEWHERE)
             if row is None:
                 row = ConversationRow(
                     id=record.id,
@@ -499,6 +519,8 @@ class History:
             elif record.title:
                 row.title = record.title
             row.model, row.system_prompt, row.updated_at = record.model, record.system_prompt, now
+            row.version = (row.version or 0) + 1
+            version = row.version
             held_before = {link.hash for turn in row.turns for link in turn.links}
             row.turns.clear()
             session.flush()
@@ -519,6 +541,7 @@ class History:
             session.flush()
             unlinked = self._delete_unlinked_media(session, browser_id, held_before)
         self._unlink_unkept(unlinked)
+        return version
 
     def list(self, browser_id: str) -> list[Summary]:
         """A browser's conversations, the latest first."""
@@ -550,6 +573,7 @@ class History:
                 system_prompt=row.system_prompt,
                 created_at=row.created_at,
                 updated_at=row.updated_at,
+                version=row.version,
                 turns=[
                     TurnRecord(
                         text=t.text,
@@ -606,7 +630,7 @@ class History:
                 f"That file is not a conversation exported from VLM Playground ({where}: {first['msg']})."
             ) from None
         IMPORT_LIMITS.check(exported)
-        record = exported.conversation.model_copy(update={"id": new_id(), "created_at": 0.0})
+        record = exported.conversation.model_copy(update={"id": new_id(), "created_at": 0.0, "version": 0})
         self.save(browser_id, record)
         with self.session() as session:  # the import's own thumbnails, for this browser only
             for digest, encoded in exported.thumbnails.items():

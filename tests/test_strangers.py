@@ -21,6 +21,7 @@ from PIL import Image
 
 from app.cards import ModelCard
 from app.config import Settings
+from app.conversation import Turn
 from app.engine import EngineManager
 from app.history import (
     IMPORT_LIMITS,
@@ -37,6 +38,7 @@ from app.history import (
     sqlite_url,
 )
 from app.media import VideoDecoderPool
+from app.replies import Reply
 from app.sessions import SessionStore, Visit
 from app.views import Playground
 from app.views.chat import ChatView
@@ -279,3 +281,33 @@ def test_media_past_the_retention_are_deleted_on_a_schedule_and_thumbnails_stay(
     finally:
         playground.stop_housekeeping()
         history.close()
+
+
+def chat_turn(text: str, answer: str) -> Turn:
+    return Turn(text=text, reply=Reply("tiny-a", "Tiny A", "", answer=answer, state="done"))
+
+
+def test_two_tabs_on_one_conversation_the_later_save_is_refused_in_a_line_not_lost(loop, views):
+    view, history = views
+    first, second = Visit(browser_id="two-tabs"), Visit(browser_id="two-tabs")
+    first.chat.turns.append(chat_turn("Hello?", "hi"))
+    assert loop.run(view.save_chat(first, "tiny-a", "")) is not None
+    stored = history.load("two-tabs", first.chat.conversation_id)
+    # The second tab reopens it, then both go on from the same turn.
+    loop.run(view.reopen(stored.id, second))
+    assert len(second.chat.turns) == 1
+    first.chat.turns.append(chat_turn("From tab one", "one"))
+    second.chat.turns.append(chat_turn("From tab two", "two"))
+    assert not isinstance(loop.run(view.save_chat(first, "tiny-a", "")), str)
+    notice = loop.run(view.save_chat(second, "tiny-a", ""))
+    assert isinstance(notice, str) and "another tab" in notice and "\n" not in notice
+    kept = history.load("two-tabs", stored.id)
+    assert [t.text for t in kept.turns] == ["Hello?", "From tab one"]
+    assert [t.text for t in second.chat.turns][-1] == "From tab two"  # nothing lost in the tab
+    # Reopened, the second tab goes on from the newest turns and stores again.
+    loop.run(view.reopen(stored.id, Visit(browser_id="two-tabs")))
+    third = Visit(browser_id="two-tabs")
+    loop.run(view.reopen(stored.id, third))
+    third.chat.turns.append(chat_turn("From tab three", "three"))
+    assert not isinstance(loop.run(view.save_chat(third, "tiny-a", "")), str)
+    assert len(history.load("two-tabs", stored.id).turns) == 3

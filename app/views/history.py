@@ -125,9 +125,14 @@ class HistoryView:
             if not visit.chat.turns:  # every turn undone: nothing of it stays stored
                 with contextlib.suppress(HistoryError):
                     await asyncio.to_thread(history.delete, visit.browser_id, visit.chat.conversation_id)
+                visit.chat.stored_version = 0
                 return gr.skip()
             record, files = record_of(visit.chat, "chat", model, system)
-            await asyncio.to_thread(history.save, visit.browser_id, record, files)
+            visit.chat.stored_version = await asyncio.to_thread(
+                history.save, visit.browser_id, record, files, visit.chat.stored_version
+            )
+        except HistoryError as error:  # another tab stored it meanwhile
+            return str(error)
         except Exception:
             log.exception("storing a conversation failed")
             return SAVE_FAILED
@@ -140,7 +145,11 @@ class HistoryView:
             return gr.skip()
         try:
             record, files = record_of(visit.compare, "compare", ",".join(keys or []), system)
-            await asyncio.to_thread(history.save, visit.browser_id, record, files)
+            visit.compare.stored_version = await asyncio.to_thread(
+                history.save, visit.browser_id, record, files, visit.compare.stored_version
+            )
+        except HistoryError as error:
+            return str(error)
         except Exception:
             log.exception("storing a comparison failed")
             return SAVE_FAILED
@@ -175,7 +184,7 @@ class HistoryView:
             notice = await self.grid_reopened(history, record, visit)
             return (*unchanged[:3], gr.Tabs(selected="grid-tab"), *unchanged[4:-1], notice)
         session = Session()
-        session.conversation_id = record.id
+        session.conversation_id, session.stored_version = record.id, record.version
         # Only the chat shows a video's frames (for its model, if still in the catalog).
         choice = self.playground.choices.get(record.model) if record.kind == "chat" else None
         video_frames = choice.card.video_frames if choice is not None else None

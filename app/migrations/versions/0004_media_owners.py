@@ -1,4 +1,6 @@
-"""Media belong to the browsers that stored them: knowing a file's content hash gives nothing.
+"""Media belong to the browsers that stored them: knowing a file's content hash gives nothing;
+and each conversation has a version, so that two tabs saving one conversation cannot silently
+overwrite each other's turns.
 
 A browser owns a medium when it sent the file itself (`has_file`), or when it imported a record
 naming it (then it sees only the thumbnail its import carried, never the file or another
@@ -20,6 +22,8 @@ depends_on = None
 
 
 def upgrade() -> None:
+    with op.batch_alter_table("conversations", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("version", sa.Integer(), server_default="1", nullable=False))
     op.create_table(
         "media_owners",
         sa.Column(
@@ -42,5 +46,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("conversations", schema=None) as batch_op:
+        batch_op.drop_column("version")
     op.drop_index("ix_media_owners_browser_id", table_name="media_owners")
     op.drop_table("media_owners")
