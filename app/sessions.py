@@ -41,6 +41,8 @@ class Visit:
     # The grid tab's prompt set and run.
     grid: GridWork | None = None
     chat_model: str | None = None  # the model picked in the chat, restored after a reload
+    # The conversation a first click on Delete asked about, and when (a second click deletes).
+    delete_asked: tuple[str, float] | None = None
     # The browser's random id (kept in its localStorage): whose stored conversations these are.
     browser_id: str = ""
     pages: set[str] = field(default_factory=set)  # Gradio session hashes attached now

@@ -311,3 +311,15 @@ def test_two_tabs_on_one_conversation_the_later_save_is_refused_in_a_line_not_lo
     third.chat.turns.append(chat_turn("From tab three", "three"))
     assert not isinstance(loop.run(view.save_chat(third, "tiny-a", "")), str)
     assert len(history.load("two-tabs", stored.id).turns) == 3
+
+
+def test_deleting_a_conversation_asks_once_before_it_is_gone_for_good(loop, views):
+    view, history = views
+    visit = Visit(browser_id="deleter")
+    visit.chat.turns.append(chat_turn("Keep me?", "maybe"))
+    loop.run(view.save_chat(visit, "tiny-a", ""))
+    conversation_id = visit.chat.conversation_id
+    _, notice = loop.run(view.delete(conversation_id, visit))
+    assert "again" in notice and [s.id for s in history.list("deleter")] == [conversation_id]
+    loop.run(view.delete(conversation_id, visit))
+    assert history.list("deleter") == [] and visit.chat.turns == []

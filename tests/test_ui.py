@@ -820,6 +820,9 @@ def test_the_history_sidebar_keeps_reopens_exports_and_deletes_conversations(
 
     # Deleted: gone from the list, from the database, and from the chat that had it open.
     page.locator("#history-list label").filter(has_text="The first conversation").click()
+    page.click("#history-delete")  # the first click asks
+    poll(lambda: "again" in page.locator("#history-notice").inner_text())
+    assert len(history_items(page)) == 2
     page.click("#history-delete")
     poll(lambda: len(history_items(page)) == 1)
     poll(lambda: user_messages(page) == 0)

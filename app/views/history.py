@@ -49,6 +49,9 @@ NO_HISTORY = "History is off on this server (APP_HISTORY=0): conversations are n
 SAVE_FAILED = (
     "This conversation could not be stored just now; it is still here, and the next answer tries again."
 )
+# Deleting is for good: the first click asks, a second one within this long deletes.
+CONFIRM_S = 30.0
+CONFIRM_DELETE = "Delete it for good? Click Delete again to confirm (or pick something else to keep it)."
 GONE_FILES = (
     "Some files of this conversation are no longer kept on the server (they are deleted after "
     "{days:g} days): the model no longer sees them. Attach them again to ask about them."
@@ -165,6 +168,13 @@ class HistoryView:
         choices = [(summary_label(s), s.id) for s in summaries]
         current = visit.chat.conversation_id
         return gr.Radio(choices=choices, value=current if any(c[1] == current for c in choices) else None)
+
+    async def listing_unless_asked(self, visit: Visit | None) -> Any:
+        """The list after a click on Delete: as it was while the click only asked (the pick
+        stays, for the second click)."""
+        if visit is not None and visit.delete_asked is not None:
+            return gr.skip()
+        return await self.listing(visit)
 
     async def reopen(self, conversation_id: str | None, visit: Visit | None) -> tuple[Any, ...]:
         """Opens a stored conversation: a chat in the chat tab (its turns, files, answers and
@@ -341,7 +351,14 @@ class HistoryView:
         return (gr.skip(), notice) if notice else (gr.Textbox(value=""), "")
 
     async def delete(self, conversation_id: str | None, visit: Visit | None) -> tuple[Any, ...]:
-        """Deletes the conversation for good; if it is the open one, the chat is cleared."""
+        """Deletes the conversation for good once asked twice (the first click asks); if it is
+        the open one, the chat is cleared."""
+        if visit is not None and conversation_id:
+            asked, visit.delete_asked = visit.delete_asked, None
+            if asked is None or asked[0] != conversation_id or time.monotonic() - asked[1] > CONFIRM_S:
+                if self.history is not None:
+                    visit.delete_asked = (conversation_id, time.monotonic())
+                    return gr.skip(), CONFIRM_DELETE
         _, notice = await self._on_picked(conversation_id, visit, History.delete)
         if notice or visit is None:
             return gr.skip(), notice
@@ -438,7 +455,7 @@ class HistoryView:
             self.listing, [visit], [listed], show_progress="hidden", **PRIVATE
         )
         delete.click(self.delete, [listed, visit], [chatbot, notice], **PRIVATE).then(
-            self.listing, [visit], [listed], show_progress="hidden", **PRIVATE
+            self.listing_unless_asked, [visit], [listed], show_progress="hidden", **PRIVATE
         )
         export.click(self.export, [listed, visit], [download, notice], **PRIVATE)
         imported = load.upload(self.import_file, [load, visit], [listed, notice], **PRIVATE)
