@@ -353,12 +353,11 @@ class HistoryView:
     async def delete(self, conversation_id: str | None, visit: Visit | None) -> tuple[Any, ...]:
         """Deletes the conversation for good once asked twice (the first click asks); if it is
         the open one, the chat is cleared."""
-        if visit is not None and conversation_id:
+        if visit is not None and conversation_id and self.history is not None:
             asked, visit.delete_asked = visit.delete_asked, None
             if asked is None or asked[0] != conversation_id or time.monotonic() - asked[1] > CONFIRM_S:
-                if self.history is not None:
-                    visit.delete_asked = (conversation_id, time.monotonic())
-                    return gr.skip(), CONFIRM_DELETE
+                visit.delete_asked = (conversation_id, time.monotonic())
+                return gr.skip(), CONFIRM_DELETE
         _, notice = await self._on_picked(conversation_id, visit, History.delete)
         if notice or visit is None:
             return gr.skip(), notice
