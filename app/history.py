@@ -15,6 +15,7 @@ views call it in a worker thread once an answer has ended, never while it stream
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import io
 import logging
@@ -343,9 +344,34 @@ def migrate(engine: Engine) -> None:
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as connection:
+    # Several app processes starting at once on one database would each run the migrations and
+    # all but one fail ("table already exists"): they take turns, the later ones finding the
+    # schema already new.
+    with migration_turn(engine), engine.begin() as connection:
+        if connection.dialect.name == "postgresql":  # held until this transaction ends
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
         config.attributes["connection"] = connection
         command.upgrade(config, "head")
+
+
+# Any fixed number: the PostgreSQL advisory lock the app's processes take to migrate.
+MIGRATION_LOCK_KEY = 0x766C6D70
+
+
+@contextmanager
+def migration_turn(engine: Engine) -> Iterator[None]:
+    """For a SQLite file, an exclusive lock on a file beside it while migrating (SQLite's own
+    locks do not cover Alembic's check-then-create); PostgreSQL locks in the transaction."""
+    database = make_url(str(engine.url)).database if engine.dialect.name == "sqlite" else None
+    if not database or database == ":memory:":
+        yield
+        return
+    with open(f"{database}.migrate-lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def open_history(settings: Settings) -> History | None:

@@ -262,6 +262,29 @@ def test_two_app_processes_write_at_once(url: str, tmp_path: Path):
         history.close()
 
 
+MIGRATOR = (
+    "import sys; from pathlib import Path; from app.history import History; "
+    "History(sys.argv[1], Path(sys.argv[2])).close()"
+)
+
+
+def test_app_processes_starting_at_once_on_a_new_database_all_start(url: str, tmp_path: Path):
+    """Replicas started together each run the migrations: they take turns instead of failing."""
+    starting = [
+        subprocess.Popen(
+            [sys.executable, "-c", MIGRATOR, url, str(tmp_path / "media")],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    for process in starting:
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err[-2000:]
+
+
 # --- a property: whatever a browser does, the list and the disk say what it kept ---
 
 Action = st.one_of(
