@@ -39,7 +39,10 @@ THUMBNAIL_SIDE = 160
 # per turn for role markers and template text, and for a default system prompt the template adds.
 TOKENS_PER_TURN = 16
 TEMPLATE_ALLOWANCE = 64
-SESSION_FOLDER_PREFIX = "vlm-playground-session-"
+# Every session folder's name starts with the root, then the id of the process that made it:
+# app processes sharing a temporary folder sweep only their own and dead processes' folders.
+SESSION_FOLDER_ROOT = "vlm-playground-session-"
+SESSION_FOLDER_PREFIX = f"{SESSION_FOLDER_ROOT}{os.getpid()}-"
 
 
 class ConversationError(ValueError):

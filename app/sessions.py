@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 import shutil
 import tempfile
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.arena import Battle
-from app.conversation import SESSION_FOLDER_PREFIX, Session
+from app.conversation import SESSION_FOLDER_ROOT, Session
 from app.grid import GridWork
 
 log = logging.getLogger(__name__)
@@ -125,9 +126,12 @@ class SessionStore:
         return len(gone)
 
     def _sweep_orphans(self, owned: set[Path | None]) -> None:
-        """Session folders no visit owns, older than the TTL: left by a process that died."""
+        """Session folders no visit owns, older than the TTL: left by a process that died (or
+        lost by this one). Another live app process's folders are its own to sweep."""
         cutoff = time.time() - self.ttl_s
-        for folder in self.scratch.glob(f"{SESSION_FOLDER_PREFIX}*"):
+        for folder in self.scratch.glob(f"{SESSION_FOLDER_ROOT}*"):
+            if made_by_another_live_process(folder):
+                continue
             try:
                 if folder not in owned and folder.stat().st_mtime < cutoff:
                     shutil.rmtree(folder, ignore_errors=True)
@@ -139,6 +143,19 @@ class SessionStore:
             visits, self.visits = list(self.visits.values()), {}
         for visit in visits:
             visit.close()
+
+
+def made_by_another_live_process(folder: Path) -> bool:
+    pid = folder.name.removeprefix(SESSION_FOLDER_ROOT).split("-", 1)[0]
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)  # no signal: only whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
 
 
 def with_loop(action: Callable[[asyncio.AbstractEventLoop], object]) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.conversation import SESSION_FOLDER_PREFIX, Session
+from app.conversation import SESSION_FOLDER_PREFIX, SESSION_FOLDER_ROOT, Session
 from app.sessions import SessionStore
 
 GRACE_S, TTL_S = 30.0, 600.0
@@ -110,6 +110,28 @@ def test_folders_left_by_a_process_that_died_are_swept_once_old(tmp_path: Path):
     os.utime(unrelated, (stale, stale))
     store.sweep()
     assert not old.exists() and recent.exists() and unrelated.exists()
+
+
+def test_another_live_app_processs_folders_are_left_to_it_and_a_dead_ones_are_swept(tmp_path: Path):
+    """Two app processes sharing one temporary folder: neither sweeps the other's live sessions."""
+    import subprocess
+    import sys
+
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        stale = time.time() - TTL_S - 60
+        folders = {}
+        for who, pid in (("alive", alive.pid), ("dead", dead.pid)):
+            folders[who] = tmp_path / f"{SESSION_FOLDER_ROOT}{pid}-abc"
+            folders[who].mkdir()
+            os.utime(folders[who], (stale, stale))
+        SessionStore(GRACE_S, TTL_S, scratch=tmp_path).sweep()
+        assert folders["alive"].exists() and not folders["dead"].exists()
+    finally:
+        alive.kill()
+        alive.wait()
 
 
 def test_an_upload_gone_before_sending_is_one_line_to_attach_it_again(tmp_path: Path):
