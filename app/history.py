@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from PIL import Image
+from PIL import Image, ImageOps
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from sqlalchemy import (
     JSON,
@@ -428,7 +428,9 @@ class History:
 
     # --- media ---
 
-    def _keep_media(self, session: Session, browser_id: str, medium: MediaRecord, path: Path | None) -> None:
+    def _keep_media(
+        self, session: Session, browser_id: str, medium: MediaRecord, path: Path | None, still: Path | None
+    ) -> None:
         """The row of a medium a turn holds, and `browser_id`'s claim on it. With `path` (the
         browser's own file) the row's kind, size and thumbnail are made from the file, replacing
         whatever an import of the same hash had claimed, and the file is kept while media is
@@ -440,7 +442,10 @@ class History:
         if path is not None:
             if not row.size:  # never made from the file: an import's word for it is not kept
                 row.kind, row.suffix = medium.kind, safe_suffix(path)
-                row.size, row.thumbnail = path.stat().st_size, thumbnail(path, medium.kind)
+                # A video is never decoded here (in the server's process): its thumbnail is made
+                # from a still the isolated decoding worker made, where there is one.
+                picture = path if medium.kind == "image" else still
+                row.size, row.thumbnail = path.stat().st_size, thumbnail(picture) if picture else b""
             if self.store_media:
                 target = self.media_path(medium.hash, row.suffix)
                 if not target.exists():
@@ -519,13 +524,14 @@ class History:
         record: ConversationRecord,
         files: dict[str, Path] | None = None,
         changes: int | None = None,
+        stills: dict[str, Path] | None = None,
     ) -> int:
         """Stores `record` whole for `browser_id` (its turns replace those stored before); `files`
         are the user's files by content hash (`describe_media`), kept in the same transaction.
         With `changes`, the version the caller last stored or opened (0: a new conversation):
         if another tab stored it since, nothing is stored and a `HistoryError` says so. Returns
-        the version now stored."""
-        files = files or {}
+        the version now stored. `stills`: a picture of each video (by hash) for its thumbnail."""
+        files, stills = files or {}, stills or {}
         now = self.clock()
         with self.session() as session:
             row = session.get(ConversationRow, record.id, with_for_update=changes is not None)
@@ -551,7 +557,7 @@ class History:
             row.turns.clear()
             session.flush()
             for medium in {m.hash: m for t in record.turns for m in t.media}.values():
-                self._keep_media(session, browser_id, medium, files.get(medium.hash))
+                self._keep_media(session, browser_id, medium, files.get(medium.hash), stills.get(medium.hash))
             for position, turn in enumerate(record.turns):
                 row.turns.append(
                     TurnRow(
@@ -811,23 +817,16 @@ def hash_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def thumbnail(path: Path, kind: str) -> bytes:
-    """A small JPEG of an image, or of a video's first frame (empty if it cannot be read)."""
+def thumbnail(path: Path) -> bytes:
+    """A small JPEG of a picture (empty if it cannot be read). Only pictures: PIL's decoders are
+    bounded (its decompression-bomb limit); videos go to the isolated decoding worker."""
     try:
-        if kind == "video":
-            import av
-
-            with av.open(str(path)) as container:
-                image = next(container.decode(video=0)).to_image()
-        else:
-            with Image.open(path) as opened:
-                from PIL import ImageOps
-
-                image = ImageOps.exif_transpose(opened).convert("RGB")
+        with Image.open(path) as opened:
+            image = ImageOps.exif_transpose(opened).convert("RGB")
         image.thumbnail((THUMBNAIL_SIDE, THUMBNAIL_SIDE))
         buffer = io.BytesIO()
-        image.convert("RGB").save(buffer, "JPEG", quality=80)
+        image.save(buffer, "JPEG", quality=80)
         return buffer.getvalue()
     except Exception:  # a thumbnail is a nicety: the record is kept without one
-        log.warning("no thumbnail for a %s", kind)
+        log.warning("no thumbnail for a picture")
         return b""

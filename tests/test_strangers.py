@@ -323,3 +323,35 @@ def test_deleting_a_conversation_asks_once_before_it_is_gone_for_good(loop, view
     assert "again" in notice and [s.id for s in history.list("deleter")] == [conversation_id]
     loop.run(view.delete(conversation_id, visit))
     assert history.list("deleter") == [] and visit.chat.turns == []
+
+
+class NoDecodingHere:
+    """PyAV as the server's process must not use it: every video is decoded in the isolated worker."""
+
+    def open(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a video was decoded in the server's process")
+
+
+def test_a_stored_videos_thumbnail_comes_from_the_workers_still_not_a_decode_in_the_server(
+    loop, views, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    view, history = views
+    monkeypatch.setitem(__import__("sys").modules, "av", NoDecodingHere())
+    visit = Visit(browser_id="filmmaker")
+    video = visit.chat.keep(_written(tmp_path / "clip.mp4", b"\x00\x00\x00\x18ftypmp42 not really a video"))
+    still = picture(tmp_path / "still.jpg", "red")
+    turn = chat_turn("What happens?", "things")
+    turn.video, turn.frames = video, [(still, 0.0)]
+    turn.names[video] = "clip.mp4"
+    turn.media.append("clip.mp4: video, 1 KB")
+    visit.chat.turns.append(turn)
+    assert not isinstance(loop.run(view.save_chat(visit, "tiny-a", "")), str)
+    (medium,) = history.load("filmmaker", visit.chat.conversation_id).turns[0].media
+    assert medium.kind == "video"
+    with Image.open(io.BytesIO(history.thumbnail("filmmaker", medium.hash) or b"")) as seen:
+        assert seen.getpixel((8, 8))[0] > 200  # the worker's red still
+
+
+def _written(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path

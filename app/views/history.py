@@ -12,6 +12,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -60,15 +61,19 @@ GONE_FILES = (
 
 def record_of(
     session: Session, kind: Kind, model: str, system: str
-) -> tuple[ConversationRecord, dict[str, Path]]:
-    """A chat or a comparison as the history stores it, and its kept files by content hash."""
+) -> tuple[ConversationRecord, dict[str, Path], dict[str, Path]]:
+    """A chat or a comparison as the history stores it, its kept files by content hash, and a
+    still of each video (the first frame the decoding worker gave) for its thumbnail."""
     files: dict[str, Path] = {}
+    stills: dict[str, Path] = {}
     turns = []
     for turn in session.turns:
         media = []
         for path, line in zip(turn.files, media_lines(turn), strict=True):
             medium = describe_media(path, turn.names.get(path, path.name), kind_of(path), line)
             files[medium.hash] = path
+            if path == turn.video and turn.frames:
+                stills[medium.hash] = turn.frames[0][0]
             media.append(medium)
         # Files no longer kept stay in the record (with their thumbnails) as they were stored.
         media += [gone.medium for gone in turn.gone]
@@ -79,7 +84,7 @@ def record_of(
     record = ConversationRecord(
         id=session.conversation_id, kind=kind, model=model, system_prompt=system, turns=turns
     )
-    return record, files
+    return record, files, stills
 
 
 def media_lines(turn: Turn) -> list[str]:
@@ -130,9 +135,12 @@ class HistoryView:
                     await asyncio.to_thread(history.delete, visit.browser_id, visit.chat.conversation_id)
                 visit.chat.stored_version = 0
                 return gr.skip()
-            record, files = record_of(visit.chat, "chat", model, system)
+            record, files, stills = record_of(visit.chat, "chat", model, system)
             visit.chat.stored_version = await asyncio.to_thread(
-                history.save, visit.browser_id, record, files, visit.chat.stored_version
+                partial(history.save, changes=visit.chat.stored_version, stills=stills),
+                visit.browser_id,
+                record,
+                files,
             )
         except HistoryError as error:  # another tab stored it meanwhile
             return str(error)
@@ -147,9 +155,12 @@ class HistoryView:
         if history is None or visit is None or not any(t.columns for t in visit.compare.turns):
             return gr.skip()
         try:
-            record, files = record_of(visit.compare, "compare", ",".join(keys or []), system)
+            record, files, stills = record_of(visit.compare, "compare", ",".join(keys or []), system)
             visit.compare.stored_version = await asyncio.to_thread(
-                history.save, visit.browser_id, record, files, visit.compare.stored_version
+                partial(history.save, changes=visit.compare.stored_version, stills=stills),
+                visit.browser_id,
+                record,
+                files,
             )
         except HistoryError as error:
             return str(error)
