@@ -128,14 +128,17 @@ class Session:
         """A copy of an uploaded file that lives as long as this session (a hard link when the
         upload is on the same file system)."""
         source = Path(path)
+        gone = ConversationError(
+            f"{source.name} is no longer on the server (unsent uploads are kept for a while); "
+            "attach it again."
+        )
+        if not source.is_file():  # gone, or never a file (a folder, through the API)
+            raise gone
         target = self.folder / f"{len(list(self.folder.iterdir())):04d}{source.suffix.lower()}"
         try:
             os.link(source, target)
         except FileNotFoundError:
-            raise ConversationError(
-                f"{source.name} is no longer on the server (unsent uploads are kept for a while); "
-                "attach it again."
-            ) from None
+            raise gone from None
         except OSError:
             shutil.copyfile(source, target)
         return target

@@ -53,7 +53,8 @@ class ChatView:
         self, message: dict[str, Any], visit: Visit | None, key: str, system: str, *controls: Any
     ) -> AsyncIterator[tuple[Any, ...]]:
         """A new user message: checked and loaded, then answered as it streams."""
-        text, files = message.get("text") or "", list(message.get("files") or [])
+        message = plain_message(message)
+        text, files = message["text"], message["files"]
         self.playground.active(visit)
         session = visit.chat if visit is not None else Session()
         try:
@@ -374,3 +375,16 @@ def what_was_sent(reply: Reply) -> str:
             f"**Sampling:** {sampling}",
         ]
     )
+
+
+def plain_message(message: Any) -> dict[str, Any]:
+    """A message as the page sends it ({"text": str, "files": [str]}), whatever the API sent:
+    other types are taken as no text and no files, never passed on to fail deeper."""
+    if not isinstance(message, dict):
+        message = {"text": message if isinstance(message, str) else ""}
+    text = message.get("text")
+    files = message.get("files")
+    return {
+        "text": text if isinstance(text, str) else "",
+        "files": [f for f in files if isinstance(f, str)] if isinstance(files, list) else [],
+    }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from app import compare
 from app.cards import ModelCard
 from app.config import Settings
 from app.conversation import ConversationError, Session, Turn, check_fits, engine_messages, user_message
-from app.engine import EngineManager, SamplingSettings, card_sampling
+from app.engine import EngineManager, SamplingError, SamplingSettings, card_sampling, sampling_refusal
 from app.grounding import draw_answer_boxes
 from app.history import History
 from app.media import VideoDecoderPool
@@ -145,10 +146,10 @@ class Playground:
         """The sampling asked for, checked against what the page's controls allow (the API takes
         no more). A value left empty (the API's None) takes the card's default, then the app's."""
         sampling = SamplingSettings(
-            temperature=None if temperature is None else float(temperature),
-            top_p=None if top_p is None else float(top_p),
-            max_tokens=None if max_tokens is None else int(max_tokens),
-            seed=int(seed) if seed else None,  # 0 or empty: a random seed
+            temperature=None if temperature is None else finite("temperature", temperature),
+            top_p=None if top_p is None else finite("top_p", top_p),
+            max_tokens=None if max_tokens is None else int(finite("max_tokens", max_tokens)),
+            seed=int(finite("seed", seed)) if seed else None,  # 0 or empty: a random seed
         )
         within_page_bounds(card, sampling)
         return sampling
@@ -186,6 +187,18 @@ class Playground:
         """`card`'s answer streamed into `reply` (closing it stops the answer in the engine)."""
         self.loop = asyncio.get_running_loop()
         return stream_reply(self.manager, card, messages, sampling, reply)
+
+
+def finite(name: str, value: Any) -> float:
+    """A sampling control's value as a number; NaN, infinities and text (which the API can send)
+    are refused in the control's own words."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        number = math.nan
+    if not math.isfinite(number):
+        raise SamplingError(sampling_refusal(name, value))
+    return number
 
 
 def page_max_tokens(card: ModelCard | None) -> int:

@@ -45,6 +45,12 @@ def box_streaming(**value: Any) -> gr.MultimodalTextbox:
 
 
 def box_idle(**value: Any) -> gr.MultimodalTextbox:
+    """The message box ready for input; a refused message goes back into it, with those of its
+    files that are still there (a file gone meanwhile cannot be shown again)."""
+    message = value.get("value")
+    if isinstance(message, dict) and message.get("files"):
+        kept = [f for f in message["files"] if isinstance(f, str) and Path(f).is_file()]
+        value = {**value, "value": {**message, "files": kept}}
     return gr.MultimodalTextbox(**value, **IDLE)
 
 
