@@ -156,7 +156,7 @@ class VllmEngineFactory:
             lora = await asyncio.to_thread(_lora_request, card, args)
             tokenizer = engine.get_tokenizer()
         except Exception as error:
-            await asyncio.to_thread(engine.shutdown)
+            await asyncio.to_thread(shut_down, engine)
             raise EngineError(explain_build_error(card, error)) from error
         footprint = None
         used_after = gpu_memory("used") if used_before is not None else None
@@ -366,10 +366,19 @@ class VllmEngine:
         handler = getattr(self._engine, "output_handler", None)
         if handler is not None:
             handler.cancel()
-        await asyncio.to_thread(self._engine.shutdown)
+        await asyncio.to_thread(shut_down, self._engine)
         await asyncio.to_thread(_wait_for_exit, self.process_ids)
         if self._footprint:
             await asyncio.to_thread(wait_for_memory_freed, before, self._footprint)
+
+
+def shut_down(engine: Any) -> None:
+    """Shuts a vLLM engine down, once. AsyncLLM shuts itself down again when it is collected,
+    which for the first engine is only as the interpreter exits (a traceback vLLM keeps holds its
+    frame), when the modules it calls are gone: a `TypeError` traceback after the app stopped.
+    The instance's own `shutdown` is made a no-op once it has run."""
+    engine.shutdown()
+    engine.shutdown = lambda *args, **kwargs: None
 
 
 def engine_prompt(
