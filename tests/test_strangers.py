@@ -355,3 +355,39 @@ def test_a_stored_videos_thumbnail_comes_from_the_workers_still_not_a_decode_in_
 def _written(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
+
+
+def test_a_stop_mid_answer_stores_the_answer_as_stopped_before_the_tabs_are_closed(
+    loop, tiny_cards: dict[str, ModelCard], tmp_path: Path
+):
+    """SIGTERM's path (`Playground.close` from the main thread, as `python -m app` does): the
+    answer streaming at that moment is kept in the history as stopped, not lost with its tab."""
+    import asyncio
+
+    settings = Settings(gpu_count=0)
+    manager = EngineManager(tiny_cards, settings, VllmEngineFactory(settings))
+    decoder = VideoDecoderPool(workers=1)
+    history = History(sqlite_url(tmp_path), tmp_path / "media")
+    playground = Playground(manager, settings, decoder, history)
+    view = HistoryView(playground, ChatView(playground), CompareView(playground), GridView(playground))
+    _, visit = playground.sessions.attach(None, "page")
+    visit.browser_id, visit.chat_model = "stopper", "tiny-a"
+    updates = view.chat.send(
+        {"text": "Count to a thousand.", "files": []}, visit, "tiny-a", "", 0.0, 1.0, 4000, 0
+    )
+    streaming = asyncio.run_coroutine_threadsafe(drain(updates), loop.loop)
+    deadline = time.monotonic() + 180
+    while not (visit.chat.turns and visit.chat.turns[-1].answer) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    conversation_id = visit.chat.conversation_id
+    assert visit.chat.turns and visit.chat.turns[-1].answer, "no answer started"
+    try:
+        playground.close(120)
+        streaming.result(60)
+        reopened = History(sqlite_url(tmp_path), tmp_path / "media")
+        (turn,) = reopened.load("stopper", conversation_id).turns
+        reopened.close()
+        assert turn.text == "Count to a thousand." and turn.replies[0].state == "stopped"
+        assert turn.replies[0].answer and turn.replies[0].model == "tiny-a"
+    finally:
+        decoder.close()

@@ -114,6 +114,7 @@ class HistoryView:
         self.compare = compare
         self.grid = grid
         self.reopened: list[Any] = []  # what reopening a conversation updates (set by `layout`)
+        playground.on_close.append(self.store_at_exit)
 
     @property
     def history(self) -> History | None:
@@ -168,6 +169,33 @@ class HistoryView:
             log.exception("storing a comparison failed")
             return SAVE_FAILED
         return gr.skip()
+
+    def store_at_exit(self, visit: Visit) -> None:
+        """The app is stopping: the tab's chat and comparison stored as they are, an answer the
+        stop cut short kept as stopped (the events that store after an answer may not run)."""
+        history = self.history
+        if history is None:
+            return
+        for session, kind, model in (
+            (visit.chat, "chat", visit.chat_model or ""),
+            (visit.compare, "compare", ""),
+        ):
+            if not session.turns or (kind == "compare" and not any(t.columns for t in session.turns)):
+                continue
+            for turn in session.turns:
+                for reply in [*turn.columns, *([turn.reply] if turn.reply is not None else [])]:
+                    if not reply.ended:
+                        reply.state = "stopped"
+            # The page's system prompt is not the server's to read: a stored one stays as it was.
+            system = ""
+            if session.stored_version:
+                stored = history.load(visit.browser_id, session.conversation_id)
+                model, system = stored.model or model, stored.system_prompt
+            record, files, stills = record_of(session, kind, model, system)
+            with contextlib.suppress(HistoryError):  # another tab stored it since: theirs stays
+                session.stored_version = history.save(
+                    visit.browser_id, record, files, session.stored_version, stills=stills
+                )
 
     # --- handlers ----------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import math
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,9 @@ class Playground:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._housekeeping_stop = threading.Event()
         self._housekeeping: threading.Thread | None = None
+        # What must happen to each tab's conversation before its files go at exit (the history
+        # stores it, an answer cut by the stop included).
+        self.on_close: list[Callable[[Visit], None]] = []
 
     def housekeeping(self) -> None:
         """One round of what nobody's click does: tabs unused past the time-to-live go, and so do
@@ -109,14 +112,28 @@ class Playground:
             self._housekeeping.join(timeout=30)
 
     def close(self, timeout_s: float = 120) -> None:
-        """Deletes every session's files and shuts the engines down on the server's loop, if
-        it still runs (called at exit)."""
+        """At exit, in this order: the engines shut down on the server's loop, if it still runs
+        (answers under way end, marked stopped); each tab's conversation is stored as it is then
+        (`on_close`); then every session's files are deleted. The engine's error, if any, is
+        raised once the rest is done."""
         self.stop_housekeeping()
+        failure: BaseException | None = None
+        if self.loop is not None and self.loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(self.manager.close(), self.loop).result(timeout_s)
+            except BaseException as error:  # raised again below, once the rest is done
+                failure = error
+        for visit in list(self.sessions.visits.values()):
+            for store in self.on_close:
+                try:
+                    store(visit)
+                except Exception:
+                    log.exception("storing a conversation at exit failed")
         self.sessions.close()
         if self.history is not None:
             self.history.close()
-        if self.loop is not None and self.loop.is_running():
-            asyncio.run_coroutine_threadsafe(self.manager.close(), self.loop).result(timeout_s)
+        if failure is not None:
+            raise failure
 
     def active(self, visit: Visit | None) -> None:
         """The tab did something: its time-to-live counts from now, not from the page's load."""
