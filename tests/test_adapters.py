@@ -6,7 +6,6 @@ strings copied into the tests.
 
 from __future__ import annotations
 
-import ast
 import re
 
 import pytest
@@ -157,9 +156,7 @@ def test_multi_image_notebook_formats_are_reproduced(key: str, count: int):
 
 
 def test_usage_guide_phi3_two_image_prompt_is_reproduced():
-    guide = (ref.SEEDS_DIR / "004_1a9858e7c11aeed7.txt").read_text(encoding="utf-8")
-    literal = re.search(r'prompt = ("<\|user\|>\\n<\|image_1\|>[^"]*")', guide).group(1)
-    expected = ast.literal_eval(literal)
+    expected = ref.usage_guide_phi3_prompt()
     question = expected.split("<|image_2|>\n")[1].split("<|end|>")[0]
     rendered = render(CARDS["phi3_v"], [user(question, ("image", "a"), ("image", "b"))])
     assert rendered.prompt == expected
