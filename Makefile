@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 # `make run` on a machine with an NVIDIA GPU uses vLLM's CUDA build, in its own environment.
 GPU := $(shell ls /dev/nvidia[0-9]* >/dev/null 2>&1 && echo 1)
 
-.PHONY: env run test lint format screenshots
+.PHONY: env run test check lint format screenshots
 
 env:
 	bash scripts/setup-cpu-env.sh
@@ -17,11 +17,14 @@ else
 	$(PY) -m app
 endif
 
-test: env
-	$(PY) -m ruff check app tests bench scripts
-	$(PY) -m ruff format --check app tests bench scripts
-	$(VENV)/bin/hadolint Dockerfile Dockerfile.cpu
+# Everything, as CI runs it: the linters, then every test (the real engine and Chromium too).
+test: lint
 	$(PY) -m pytest
+
+# Before each change: the linters and the tests that need no engine and no browser (under 2
+# minutes). `make test` before a push.
+check: lint
+	$(PY) -m pytest -m "not slow and not vllm" -q
 
 # Refreshes the README's screenshots (docs/screenshots/) from the browser tests; `make test`
 # writes its own to test-artifacts/ and leaves the tracked tree clean.

@@ -67,3 +67,16 @@ def tiny_cards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     cards, root = load_cards(), tmp_path_factory.mktemp("tiny-twins")
     return {key: twin_card(cards[of], build_twin(cards[of], root), key) for key, of in TINY_TWINS.items()}
+
+
+# Tests that run the real vLLM engine get their shared fixtures from here: any test that asks for
+# one of these is an engine test, marked `slow` and `vllm` so that `make check` leaves it to
+# `make test` (a test may also be marked by hand).
+ENGINE_FIXTURES = {"loop", "tiny_cards"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.vllm)
