@@ -84,20 +84,33 @@ def seeing_card(qwen2_vl: ModelCard, folder: Path) -> ModelCard:
     return ModelCard.model_validate(fields)
 
 
-def build_seeing_model(
-    root: Path, qwen2_vl: ModelCard, steps: Steps = STEPS, report: Callable[[str], None] = log.info
-) -> Path:
-    """The trained model under `root`, trained once (`steps` of training; cached by a marker)."""
-    folder = Path(root) / SEEING_KEY
-    # Any change to the data or the training retrains: the stamp holds their source's hash.
+def training_stamp(steps: Steps = STEPS) -> dict[str, Any]:
+    """What a trained model was made by: the training's version and steps, and the hash of the
+    data generator's and the training's source. Any change to them means training again."""
     sources = b"".join(Path(module.__file__ or "").read_bytes() for module in (shapes, sys.modules[__name__]))
-    stamp = {
-        "version": SEEING_VERSION,
-        "steps": asdict(steps),
-        "sources": hashlib.sha256(sources).hexdigest(),
-    }
+    return {"version": SEEING_VERSION, "steps": asdict(steps), "sources": hashlib.sha256(sources).hexdigest()}
+
+
+def made_by(folder: Path, stamp: dict[str, Any]) -> bool:
+    marker = Path(folder) / MARKER
+    return marker.is_file() and json.loads(marker.read_text()) == stamp
+
+
+def build_seeing_model(
+    root: Path,
+    qwen2_vl: ModelCard,
+    steps: Steps = STEPS,
+    report: Callable[[str], None] = log.info,
+    committed: Path | None = None,
+) -> Path:
+    """The trained model: `committed` (the weights in the repository) where they carry the stamp
+    of this code and `steps`, else trained once under `root` (cached by the same stamp)."""
+    stamp = training_stamp(steps)
+    if committed is not None and made_by(committed, stamp):
+        return Path(committed)
+    folder = Path(root) / SEEING_KEY
     marker = folder / MARKER
-    if marker.is_file() and json.loads(marker.read_text()) == stamp:
+    if made_by(folder, stamp):
         return folder
     if folder.exists():
         shutil.rmtree(folder)

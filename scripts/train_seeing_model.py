@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from app.cards import load_cards  # noqa: E402
 from app.demo import SEEING_FOLDER, use_local_vllm_environment  # noqa: E402
-from app.seeing_model import MARKER, SEEING_KEY, STEPS, Steps, accuracy, build_seeing_model, seeing_card  # noqa: E402
+from app.seeing_model import SEEING_KEY, STEPS, Steps, accuracy, build_seeing_model, seeing_card  # noqa: E402
 
 # Not training's seed, nor the tests': questions about pictures no run has seen.
 EVALUATION_SEED = 31
@@ -70,8 +70,9 @@ def main() -> None:
             scratch, load_cards()["qwen2_vl"], steps, report=lambda line: print(line, flush=True)
         )
         shutil.rmtree(args.out, ignore_errors=True)
-        # The cache marker stays behind: the committed weights are tested, not stamped.
-        shutil.copytree(folder, args.out, ignore=shutil.ignore_patterns(MARKER))
+        # With the stamp of the code that made them: the tests use these weights instead of
+        # training again until the training or the data generator changes.
+        shutil.copytree(folder, args.out)
         shutil.rmtree(scratch)
         print(f"trained in {time.monotonic() - started:.0f} s into {args.out}", flush=True)
     if args.per_kind:

@@ -36,12 +36,13 @@ COMMITTED = "committed"  # the weights in the repository, which the app serves
 
 @pytest.fixture(scope="module")
 def seeing() -> ModelCard:
-    """The model trained again by this code (the training is part of what is tested). Cached
-    between runs on one machine, and trained anew whenever the data or training code changes."""
-    from app.demo import default_demo_dir
+    """The model this code trains: the committed weights while they carry the stamp of this
+    training code and data generator (`static/seeing-model/seeing.json`), else trained again
+    here (cached between runs on one machine), so a change to the training is tested."""
+    from app.demo import SEEING_FOLDER, default_demo_dir
 
     qwen2_vl = load_cards()["qwen2_vl"]
-    return seeing_card(qwen2_vl, build_seeing_model(default_demo_dir(), qwen2_vl))
+    return seeing_card(qwen2_vl, build_seeing_model(default_demo_dir(), qwen2_vl, committed=SEEING_FOLDER))
 
 
 @pytest.fixture(scope="module")
