@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import csv
 import html
 import io
 import json
@@ -35,6 +34,7 @@ from PIL import Image
 from app.cards import ModelCard
 from app.conversation import SESSION_FOLDER_PREFIX, Turn, check_fits, engine_messages, is_video, user_message
 from app.engine import EngineManager, SamplingSettings
+from app.exports import csv_text
 from app.grounding import draw_answer_boxes
 from app.history import (
     ConversationRecord,
@@ -322,11 +322,7 @@ def rows(run: GridRun) -> list[dict[str, Any]]:
 
 
 def to_csv(run: GridRun) -> str:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, CSV_COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows(run))
-    return out.getvalue()
+    return csv_text(CSV_COLUMNS, rows(run))
 
 
 def to_json(run: GridRun) -> str:

@@ -10,8 +10,6 @@ grow with the number of votes, and every bootstrap round is a multinomial draw o
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -19,6 +17,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+
+from app.exports import csv_text
 
 Outcome = Literal["a", "b", "tie", "bad"]
 OUTCOMES: tuple[Outcome, ...] = ("a", "b", "tie", "bad")
@@ -146,8 +146,4 @@ def table(rows: Sequence[Row], names: Mapping[str, str] | None = None) -> list[d
 
 
 def to_csv(records: Sequence[Mapping[str, object]]) -> str:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, COLUMNS, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(records)
-    return out.getvalue()
+    return csv_text(COLUMNS, records)

@@ -43,7 +43,13 @@ from app.media import MediaError, VideoDecoderPool, load_image
 
 MAX_ITEMS = 500
 MAX_QUESTION_CHARS = 8000
-MAX_ZIP_BYTES = 2 * 2**30  # unpacked
+# What a zip of a set's files may hold: far more than a set of 500 items asks about, far less than a
+# "zip bomb" (a few hundred KB that unpack to gigabytes, or thousands of entries). Pictures and
+# clips barely compress, so a high ratio is a bomb, not a set.
+MAX_ZIP_BYTES = 1 * 2**30  # unpacked, all entries
+MAX_ZIP_ENTRIES = 2000
+MAX_ZIP_RATIO = 100  # unpacked size to packed size, for an entry over 1 MiB unpacked
+RATIO_FROM_BYTES = 2**20
 # The built-in sets sit with the example files they ask about.
 EXAMPLE_SETS = Path(__file__).resolve().parent.parent / "static" / "examples"
 
@@ -166,14 +172,14 @@ def unzip(archive: Path) -> Path:
     try:
         with zipfile.ZipFile(archive) as opened:
             entries = opened.infolist()
-            if sum(entry.file_size for entry in entries) > MAX_ZIP_BYTES:
-                raise PromptSetError(f"{archive.name} unpacks to more than {MAX_ZIP_BYTES // 2**30} GB.")
+            check_zip(archive.name, entries)
+            unpacked = 0
             for entry in entries:
                 path = PurePosixPath(entry.filename)
                 if path.is_absolute() or ".." in path.parts or (entry.external_attr >> 28) == 0o12:
                     raise PromptSetError(f"{archive.name} holds {entry.filename!r}, a path outside the set.")
                 if not entry.is_dir():
-                    opened.extract(entry, target)
+                    unpacked += extract(opened, entry, target / path, MAX_ZIP_BYTES - unpacked, archive.name)
     except zipfile.BadZipFile:
         shutil.rmtree(target, ignore_errors=True)
         raise PromptSetError(f"{archive.name} is not a zip file the app can read.") from None
@@ -183,6 +189,41 @@ def unzip(archive: Path) -> Path:
     # A zip of one folder: its files are found by name as if zipped flat.
     inner = [p for p in target.iterdir() if not p.name.startswith("__MACOSX")]
     return inner[0] if len(inner) == 1 and inner[0].is_dir() else target
+
+
+def check_zip(name: str, entries: list[zipfile.ZipInfo]) -> None:
+    """Refuses, from the zip's own directory and before anything is unpacked, a zip past the
+    bounds above."""
+    if len(entries) > MAX_ZIP_ENTRIES:
+        raise PromptSetError(
+            f"{name} holds {len(entries):,} files; a set's zip takes at most {MAX_ZIP_ENTRIES:,}."
+        )
+    if sum(entry.file_size for entry in entries) > MAX_ZIP_BYTES:
+        raise PromptSetError(
+            f"{name} unpacks to more than {MAX_ZIP_BYTES // 2**30} GB; zip fewer or smaller files."
+        )
+    for entry in entries:
+        if entry.file_size > RATIO_FROM_BYTES and entry.file_size > MAX_ZIP_RATIO * max(
+            entry.compress_size, 1
+        ):
+            raise PromptSetError(
+                f"{name}: {PurePosixPath(entry.filename).name} unpacks to over {MAX_ZIP_RATIO} times "
+                "its packed size, which no picture or clip does; zip the files themselves."
+            )
+
+
+def extract(opened: zipfile.ZipFile, entry: zipfile.ZipInfo, path: Path, budget: int, name: str) -> int:
+    """Unpacks one entry to `path`, counting what really comes out (a header can lie about the
+    size): past `budget` bytes, it stops and refuses. Returns the bytes written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written = 0
+    with opened.open(entry) as source, path.open("wb") as out:
+        while block := source.read(1 << 20):
+            written += len(block)
+            if written > budget or written > entry.file_size:
+                raise PromptSetError(f"{name} unpacks to more than it says; zip the files again.")
+            out.write(block)
+    return written
 
 
 def example_sets() -> dict[str, Path]:

@@ -436,3 +436,65 @@ def test_an_item_too_long_for_a_models_context_is_refused_up_front_for_that_mode
     assert checked.runnable == {TWIN: ["short", "long"], "short-context": ["short"]}
     (line,) = checked.refused
     assert line.startswith("item 2 (long): This item would make a prompt of") and "at most 700" in line
+
+
+def bomb(tmp_path: Path, entries: int, each: int) -> Path:
+    """A zip of `entries` files of `each` zero bytes: tiny packed, huge unpacked."""
+    archive = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as out:
+        for index in range(entries):
+            out.writestr(f"f{index}.png", b"\0" * each)
+    return archive
+
+
+@pytest.mark.parametrize(
+    ("entries", "each", "said"),
+    [(3002, 10, "holds 3,002 files"), (1, 300 * 2**20, "times its packed size")],
+    ids=["many entries", "high ratio"],
+)
+def test_a_zip_bomb_is_refused_before_unpacking_and_leaves_nothing(
+    tmp_path: Path, entries: int, each: int, said: str, monkeypatch: pytest.MonkeyPatch
+):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "scratch"))
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "set.jsonl").write_text('{"question": "Shape?", "media": ["f0.png"]}\n')
+    archive = bomb(tmp_path, entries, each)
+    assert archive.stat().st_size < 2**20 * 2
+    with pytest.raises(PromptSetError) as refused:
+        read_set(tmp_path / "set.jsonl", archive)
+    assert said in str(refused.value) and "\n" not in str(refused.value)
+    assert list((tmp_path / "scratch").iterdir()) == []
+
+
+def test_a_zip_whose_header_lies_about_a_size_is_refused(tmp_path: Path):
+    archive = zipped(tmp_path, {"a.png": b"x" * 5000})
+    data = bytearray(archive.read_bytes())
+    # The central directory says 10 bytes (both headers' size fields), the entry holds 5,000.
+    for offset in [i for i in range(len(data) - 4) if data[i : i + 4] in (b"PK\x03\x04", b"PK\x01\x02")]:
+        field = 22 if data[offset : offset + 4] == b"PK\x03\x04" else 24
+        data[offset + field : offset + field + 4] = (10).to_bytes(4, "little")
+    archive.write_bytes(bytes(data))
+    (tmp_path / "set.jsonl").write_text('{"question": "Shape?", "media": ["a.png"]}\n')
+    with pytest.raises(PromptSetError):
+        read_set(tmp_path / "set.jsonl", archive)
+
+
+@pytest.mark.parametrize(
+    "hostile", ['=HYPERLINK("http://x.invalid","click")', "+1+1", "-2+3", "@SUM(A1)", "\t=1"]
+)
+def test_a_csv_export_never_hands_a_spreadsheet_a_formula(hostile: str):
+    from app.engine import SamplingSettings
+    from app.grid import GridRun
+    from app.leaderboard import to_csv as leaderboard_csv
+    from app.promptsets import PromptItem
+    from app.replies import Reply
+
+    item = PromptItem(id=hostile[:20], question=hostile)
+    run = GridRun("set", [item], ["m"], {"m": hostile}, SamplingSettings())
+    run.cells[item.id] = {"m": Reply("m", hostile, "", answer=hostile, state="done")}
+    for text in (to_csv(run), leaderboard_csv([{"model": hostile, "name": hostile}])):
+        cells = [cell for row in csv.reader(io.StringIO(text)) for cell in row]
+        assert not any(cell.startswith(("=", "+", "-", "@", "\t", "\r")) for cell in cells), cells
+        assert "'" + hostile in cells  # kept, as text
