@@ -171,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = from_command_line(args)
         cards = load_cards(settings.cards_dir)
-        settings.check_keys(cards)
+        # The demo models are keys too (the arena's pool on a CPU machine is made of them).
+        settings.check_keys([*cards, *DEMO_MODELS])
     except (CardError, SettingsError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -87,10 +87,22 @@ def blind(text: str, names: Mapping[str, str]) -> str:
     return text
 
 
-def blind_state(reply: Reply) -> str:
+# Until the vote, a side that cannot take a message or fails says only this, in the same words
+# for both: a refusal naming what a model takes, or its context length, gives the model away.
+BLIND_REFUSAL = (
+    "The two models of this battle cannot both take this message; start a new battle to draw "
+    "two that can, or send it without some of its files."
+)
+BLIND_FAILURE = "This model could not answer this message."
+
+
+def blind_state(reply: Reply, revealed: bool = False) -> str:
     """How a side's answer goes, without the scheduler's words that name models ("in line behind
-    X"): one model may wait while the other answers on the same GPU."""
+    X"): one model may wait while the other answers on the same GPU. Until the vote, an answer
+    shows no token count nor speed: they fingerprint the model."""
     if reply.state == "done":
+        if not revealed:
+            return "done"
         speed = f" · {reply.tokens_per_s:.1f} tok/s" if reply.tokens_per_s is not None else ""
         return f"done · {reply.completion_tokens} tokens{speed}"
     if reply.state in ("stopped", "failed", "answering"):

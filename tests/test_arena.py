@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from app.arena import (
+    BLIND_REFUSAL,
     VOTE_WINDOW_S,
     ArenaError,
     blind,
@@ -35,6 +36,7 @@ from app.sessions import Visit
 from app.views import Playground
 from app.views.arena import ArenaView
 from app.views.leaderboard import LeaderboardView
+from app.views.services import WARNING
 from app.vllm_engine import VllmEngineFactory
 
 MODELS = st.lists(st.sampled_from([f"m{i}" for i in range(8)]), min_size=2, max_size=8, unique=True)
@@ -240,3 +242,36 @@ def test_voting_before_any_answer_or_mid_battle_is_refused(loop, arena):
     view, *_ = arena
     visit = Visit(browser_id="browser-4")
     assert "Send a message first" in loop.run(view.vote("a", "", visit))[2]
+
+
+def test_until_the_vote_both_sides_refuse_in_the_same_words_and_show_no_timings(loop, arena, tmp_path: Path):
+    """What a side takes, its context, its token counts and speed fingerprint its model: none of
+    it shows before the vote; the names, counts and speeds show after it."""
+    view, *_ = arena
+    visit = Visit(browser_id="browser-5")
+    picture = tmp_path / "blue.png"
+    Image.new("RGB", (64, 48), "blue").save(picture)
+    updates = loop.run(collect(view.ask({"text": "What colour is it?", "files": [str(picture)]}, visit)))
+    heads = updates[-1][2:4]
+    assert all("done" in head for head in heads), heads
+    assert not any("tok/s" in head or "tokens" in head for update in updates for head in update[2:4])
+    # A clip: the LLaVA twin takes none, and the Qwen2-VL twin does; the line names neither side.
+    clip = Path(__file__).resolve().parent.parent / "static" / "examples" / "colour_change.mp4"
+    (refused,) = loop.run(collect(view.ask({"text": "And this?", "files": [str(clip)]}, visit)))
+    assert refused[5] == WARNING + BLIND_REFUSAL
+    for words in ("video", "image", "Model A", "Model B"):
+        assert words not in refused[5]
+    heads_a, heads_b, notice, *_ = loop.run(view.vote("tie", "", visit))
+    assert notice == "" and "tok/s" in heads_a and "tok/s" in heads_b
+
+
+def test_a_battle_whose_answer_was_stopped_or_failed_takes_no_vote(loop, arena):
+    view, _, history, _ = arena
+    for ending in ("stopped", "failed"):
+        visit = Visit(browser_id=f"browser-{ending}")
+        loop.run(collect(view.ask({"text": "Hello.", "files": []}, visit)))
+        visit.arena.turns[-1].columns[1].state = ending  # as the stop button, or a failure, leaves it
+        before = len(history.votes())
+        notice = loop.run(view.vote("a", "", visit))[2]
+        assert "both finished" in notice and len(history.votes()) == before
+        assert visit.battle is not None and not visit.battle.revealed

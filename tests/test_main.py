@@ -67,6 +67,13 @@ def test_command_line_flags_override_settings_and_name_unknown_models():
     assert unknown.returncode == 2 and "APP_MODELS names ['no_such_model']" in unknown.stderr
 
 
+def test_the_arena_and_the_default_model_can_name_the_demo_models():
+    named = ",".join(DEMO_MODELS[:2])
+    listed = run_app("--list", APP_GPU_COUNT="0", APP_ARENA_MODELS=named, APP_DEFAULT_MODEL=DEMO_MODELS[0])
+    assert listed.returncode == 0, listed.stderr
+    assert run_app("--list", APP_ARENA_MODELS="demo_no_such").returncode == 2
+
+
 def test_a_gpu_machine_defaults_to_a_small_strong_model_and_gets_no_demo_models(tmp_path: Path):
     settings = Settings(gpu_count=1, demo_dir=tmp_path)
     cards = with_demo_models(CARDS, settings)

@@ -19,6 +19,8 @@ import gradio as gr
 
 from app import compare
 from app.arena import (
+    BLIND_FAILURE,
+    BLIND_REFUSAL,
     SIDES,
     VERDICTS,
     VOTE_WINDOW_S,
@@ -80,12 +82,11 @@ class ArenaView:
             battle = visit.battle
             names = self.names(battle)
             cards = [self.playground.servable(key) for key in battle.keys]
-            for side, card in zip(SIDES, cards, strict=True):
+            for card in cards:
                 try:
                     check_media(card, session.turns, files)
-                except ConversationError as error:
-                    text_ = blind(str(error), names).replace("Clear the chat", "Start a new battle")
-                    raise ArenaError(f"Model {side} cannot take this message: {text_}") from None
+                except ConversationError:
+                    raise ArenaError(BLIND_REFUSAL) from None
             turn, clip = await make_turn(session, text, files, self.playground.decoder, cards[0].video_frames)
         except Exception as error:
             yield (
@@ -125,7 +126,7 @@ class ArenaView:
         turn.columns = comparison.columns
         if all(column.state == "failed" for column in turn.columns):
             session.turns.remove(turn)  # nothing to vote on: the message goes back to the box
-            notice = WARNING + blind(turn.columns[0].error, names)
+            notice = WARNING + BLIND_FAILURE
             yield *self.view(visit), box_idle(value=message), notice, gr.skip(), gr.skip()
             return
         yield *self.view(visit), box_idle(), "", gr.Column(visible=True), gr.skip()
@@ -146,8 +147,12 @@ class ArenaView:
                 raise ArenaError("Send a message first: both models answer it, then you vote.")
             if battle.revealed:
                 raise ArenaError(f"This battle has had its vote. {NEXT}")
-            if not all(column.ended for turn in visit.arena.turns for column in turn.columns):
-                raise ArenaError("Wait for both answers to end (or stop them), then vote.")
+            columns = [column for turn in visit.arena.turns for column in turn.columns]
+            if not all(column.ended for column in columns):
+                raise ArenaError("Wait for both answers to end, then vote.")
+            if not all(column.state == "done" for column in columns):
+                # A stopped or failed answer is no fair comparison: a vote on it would count.
+                raise ArenaError(f"Only a battle whose answers both finished takes a vote. {NEXT}")
             battle.outcome = outcome  # before any await: a second click finds the vote cast
             try:
                 await self.store(visit, battle, outcome, reason)
@@ -234,7 +239,8 @@ class ArenaView:
             if battle is not None and battle.revealed:
                 title += f": {self.playground.choices[battle.keys[index]].card.display_name}"
             last = turns[-1].columns[index] if turns and turns[-1].columns else None
-            heads.append(f"{title}\n{blind_state(last)}" if last is not None else title)
+            revealed = battle is not None and battle.revealed
+            heads.append(f"{title}\n{blind_state(last, revealed)}" if last is not None else title)
         return heads[0], heads[1]
 
     # --- layout ------------------------------------------------------------------------------
@@ -305,7 +311,8 @@ def side_conversation(
         if reply.answer:
             messages.append({"role": "assistant", "content": reply.answer})
         elif reply.state == "failed":
-            messages.append({"role": "assistant", "content": WARNING + blind(reply.error, names)})
+            shown = blind(reply.error, names) if battle is not None and battle.revealed else BLIND_FAILURE
+            messages.append({"role": "assistant", "content": WARNING + shown})
         elif not reply.ended:
             messages.append({"role": "assistant", "content": f"Model {SIDES[index]}: {blind_state(reply)}"})
     return messages
