@@ -124,10 +124,10 @@ def retry_after_s(
     return recent[len(recent) - limit] + window_s - now
 
 
-def check_rate(vote_times: Iterable[float], limit: int, now: float) -> None:
+def check_rate(vote_times: Iterable[float], limit: int, now: float, who: str = "You have") -> None:
     if (wait := retry_after_s(vote_times, limit, now)) > 0:
         minutes = max(1, round(wait / 60))
         raise ArenaError(
-            f"You have cast {limit} votes in the last hour, the most this server takes; "
+            f"{who} cast {limit} votes in the last hour, the most this server takes; "
             f"vote again in about {minutes} minute{'s' if minutes != 1 else ''}."
         )

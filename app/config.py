@@ -477,6 +477,28 @@ class Settings(BaseSettings):
         Count,
         Doc("votes one browser may cast in an hour", COUNT, metavar="N", group="arena"),
     ] = 30
+    # A script can be a new browser at every request: the client's address bounds it too (a
+    # household or an office behind one address shares this).
+    arena_votes_per_address_per_hour: Annotated[
+        Count,
+        Doc(
+            "votes all browsers at one client address may cast in an hour", COUNT, metavar="N", group="arena"
+        ),
+    ] = 60
+    # Behind a reverse proxy every request comes from the proxy: its X-Forwarded-For is believed
+    # only when the request comes from one of these addresses.
+    trusted_proxies: Annotated[
+        tuple[str, ...],
+        NoDecode,
+        BeforeValidator(_keys),
+        Doc(
+            "addresses of reverse proxies whose X-Forwarded-For header names the client, separated by commas",
+            "IP addresses separated by commas",
+            default="none: the address a request comes from is the client's",
+            metavar="ADDRESSES",
+            group="web",
+        ),
+    ] = ()
     max_upload_bytes: Annotated[
         Bytes,
         Doc(

@@ -23,7 +23,7 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,6 +170,8 @@ class VoteRecord(Record):
     reason: str = Field(default="", max_length=500)
     modality: Literal["text", "image", "images", "video"]
     prompt_tokens: int = Field(default=0, ge=0)
+    # The client's address as a keyed hash (`app.views.identity`), for the per-address limit.
+    client: str = Field(default="", max_length=64)
 
 
 class Summary(Record):
@@ -306,6 +308,7 @@ class VoteRow(Base):
     modality: Mapped[str] = mapped_column(String(16), index=True)  # text, image, images, video
     prompt_tokens: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[float] = mapped_column(Float, index=True)
+    client: Mapped[str] = mapped_column(String(64), index=True, default="", server_default="")
 
 
 # --- the store ---
@@ -354,8 +357,10 @@ def migrate(engine: Engine) -> None:
         command.upgrade(config, "head")
 
 
-# Any fixed number: the PostgreSQL advisory lock the app's processes take to migrate.
+# Any fixed numbers: the PostgreSQL advisory locks the app's processes take to migrate, and to
+# check a vote against the limits and store it in one step.
 MIGRATION_LOCK_KEY = 0x766C6D70
+VOTE_LOCK_KEY = 0x766C6D76
 
 
 @contextmanager
@@ -678,6 +683,26 @@ class History:
         now = self.clock()
         with self.session() as session:
             session.add_all(VoteRow(**vote.model_dump(), created_at=now) for vote in votes)
+
+    def add_vote_checked(
+        self, vote: VoteRecord, since: float, check: Callable[[list[float], list[float]], None]
+    ) -> None:
+        """Stores `vote` if `check(its browser's vote times, its client's vote times since
+        `since`)` does not raise, in one transaction that votes cast at the same moment (in this
+        process or another) wait for: two votes at once cannot both slip under a limit."""
+        now = self.clock()
+        with self.session() as session:
+            if session.bind.dialect.name == "postgresql":  # type: ignore[union-attr]
+                session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": VOTE_LOCK_KEY})
+            else:  # SQLite: a write first takes the database's write lock for the transaction
+                session.execute(text("DELETE FROM votes WHERE 1 = 0"))
+            recent = select(VoteRow.created_at).where(VoteRow.created_at > since)
+            by_browser = sorted(session.scalars(recent.where(VoteRow.browser_id == vote.browser_id)))
+            by_client = (
+                sorted(session.scalars(recent.where(VoteRow.client == vote.client))) if vote.client else []
+            )
+            check(by_browser, by_client)
+            session.add(VoteRow(**vote.model_dump(), created_at=now))
 
     def vote_times(self, browser_id: str, since: float) -> list[float]:
         """When `browser_id` voted since `since` (the arena's rate limit, shared by every app

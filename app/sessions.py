@@ -46,6 +46,8 @@ class Visit:
     delete_asked: tuple[str, float] | None = None
     # The browser's random id (kept in its localStorage): whose stored conversations these are.
     browser_id: str = ""
+    # The client's address as the server sees it (`app.views.identity`): the arena's vote limit.
+    address: str = ""
     pages: set[str] = field(default_factory=set)  # Gradio session hashes attached now
     last_used: float = 0.0
     detached_at: float | None = None

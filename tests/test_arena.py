@@ -19,6 +19,7 @@ from app.arena import (
     BLIND_REFUSAL,
     VOTE_WINDOW_S,
     ArenaError,
+    Battle,
     blind,
     check_rate,
     draw_pair,
@@ -28,10 +29,12 @@ from app.arena import (
 )
 from app.cards import ModelCard
 from app.config import Settings
+from app.conversation import Turn
 from app.engine import EngineManager
 from app.history import History, VoteRecord, new_id, sqlite_url
 from app.leaderboard import Vote, pair_of
 from app.media import VideoDecoderPool
+from app.replies import Reply
 from app.sessions import Visit
 from app.views import Playground
 from app.views.arena import ArenaView
@@ -132,7 +135,12 @@ class Clock:
 def arena(
     loop, tiny_cards: dict[str, ModelCard], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ArenaView, LeaderboardView, History, Clock]]:
-    settings = Settings(gpu_count=0, arena_models=("tiny-a", "tiny-b"), arena_votes_per_hour=3)
+    settings = Settings(
+        gpu_count=0,
+        arena_models=("tiny-a", "tiny-b"),
+        arena_votes_per_hour=3,
+        arena_votes_per_address_per_hour=5,
+    )
     manager = EngineManager(tiny_cards, settings, VllmEngineFactory(settings))
     decoder = VideoDecoderPool(workers=1)
     folder, clock = tmp_path_factory.mktemp("arena"), Clock()
@@ -275,3 +283,35 @@ def test_a_battle_whose_answer_was_stopped_or_failed_takes_no_vote(loop, arena):
         notice = loop.run(view.vote("a", "", visit))[2]
         assert "both finished" in notice and len(history.votes()) == before
         assert visit.battle is not None and not visit.battle.revealed
+
+
+def finished_battle(view: ArenaView, browser: str, address: str, keys: tuple[str, str]) -> Visit:
+    """What a battle leaves once both answers finished: two done columns (no engine needed for
+    what is tested here, the vote's limits)."""
+    visit = Visit(browser_id=browser, address=address)
+    visit.battle = Battle(keys)
+    turn = Turn(text="Which is better?")
+    turn.columns = [Reply(key, key, "", answer="an answer", state="done", prompt_tokens=9) for key in keys]
+    visit.arena.turns.append(turn)
+    return visit
+
+
+def test_a_script_with_fifty_fresh_identities_from_one_address_does_not_change_the_order(
+    loop, arena, tmp_path: Path
+):
+    view, board, _, clock = arena
+    clock.now += 10 * VOTE_WINDOW_S  # other tests' votes are out of every window
+    before = {row["model"]: row for row in loop.run(board.board("all"))["rows"]}
+    honest = [("tiny-a", "tiny-b", "a")] * 14 + [("tiny-a", "tiny-b", "b")] * 6
+    for index, (a, b, outcome) in enumerate(honest):
+        visit = finished_battle(view, new_id(), f"198.51.100.{index}", (a, b))
+        assert loop.run(view.vote(outcome, "", visit))[2] == ""
+    order = [row["model"] for row in loop.run(board.board("all"))["rows"]]
+    refused = 0
+    for _ in range(50):  # a new identity every time, one address: for tiny-b
+        visit = finished_battle(view, new_id(), "203.0.113.7", ("tiny-a", "tiny-b"))
+        refused += "Visitors at your address" in loop.run(view.vote("b", "", visit))[2]
+    assert refused == 45  # five an hour from one address
+    after = loop.run(board.board("all"))
+    assert [row["model"] for row in after["rows"]] == order == ["tiny-a", "tiny-b"]
+    assert after["votes"] - sum(row["votes"] for row in before.values()) // 2 == 25

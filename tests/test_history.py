@@ -385,3 +385,36 @@ def test_votes_are_stored_and_read_back_per_modality(history: History):
         VoteRecord(
             battle_id=battle, browser_id="b", model_a="x", model_b="y", outcome="maybe", modality="text"
         )
+
+
+def test_two_votes_at_the_same_moment_cannot_both_slip_under_the_limit(url: str, tmp_path: Path):
+    """Two app processes (or threads) checking the hourly limit at once: one vote gets the last
+    place, the other is refused."""
+    import threading
+
+    history = History(url, tmp_path / "media")
+    try:
+        limit, refused, start = 3, [], threading.Barrier(4)
+
+        def check(by_browser: list[float], _by_client: list[float]) -> None:
+            if len(by_browser) >= limit:
+                raise HistoryError("over the limit")
+
+        def vote() -> None:
+            record = VoteRecord(
+                battle_id=new_id(), browser_id="racer", model_a="x", model_b="y", outcome="a", modality="text"
+            )
+            start.wait()
+            try:
+                history.add_vote_checked(record, 0.0, check)
+            except HistoryError:
+                refused.append(1)
+
+        threads = [threading.Thread(target=vote) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(history.votes()) == limit and len(refused) == 1
+    finally:
+        history.close()

@@ -164,10 +164,17 @@ class ArenaView:
         return *self.heads(visit), "", gr.Column(visible=False), reveal(battle, self.playground), ""
 
     async def store(self, visit: Visit, battle: Battle, outcome: Outcome, reason: str) -> None:
-        history = self.history
+        """Stores the vote within the limits of its visitor (the server-issued id) and of its
+        client address, checked and stored in one step."""
+        history, settings = self.history, self.playground.settings
         now = history.clock()
-        times = await asyncio.to_thread(history.vote_times, visit.browser_id, now - VOTE_WINDOW_S)
-        check_rate(times, self.playground.settings.arena_votes_per_hour, now)
+
+        def within_limits(by_browser: list[float], by_client: list[float]) -> None:
+            check_rate(by_browser, settings.arena_votes_per_hour, now)
+            check_rate(
+                by_client, settings.arena_votes_per_address_per_hour, now, "Visitors at your address have"
+            )
+
         turns = visit.arena.turns
         record = VoteRecord(
             battle_id=battle.id,
@@ -178,8 +185,9 @@ class ArenaView:
             reason=reason.strip()[:500],
             modality=modality_of(sum(len(t.images) for t in turns), sum(t.video is not None for t in turns)),
             prompt_tokens=max(column.prompt_tokens for column in turns[-1].columns),
+            client=self.playground.identity.address_key(visit.address) if visit.address else "",
         )
-        await asyncio.to_thread(history.add_votes, [record])
+        await asyncio.to_thread(history.add_vote_checked, record, now - VOTE_WINDOW_S, within_limits)
 
     def new_battle(self, visit: Visit | None) -> tuple[Any, ...]:
         if visit is not None:

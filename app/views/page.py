@@ -4,7 +4,6 @@ when the tab is gone), and the server's public defaults."""
 from __future__ import annotations
 
 import os
-import re
 import secrets
 from typing import Any
 
@@ -19,6 +18,7 @@ from app.views.compare import CompareView
 from app.views.grid import GridView
 from app.views.guard import Guard, allowed_hosts
 from app.views.history import HistoryView
+from app.views.identity import Identity, IdentityMiddleware
 from app.views.leaderboard import LEADERBOARD_API, LeaderboardView
 from app.views.services import Playground
 from app.views.widgets import EXAMPLES
@@ -38,7 +38,6 @@ WRITE_TOKEN = (
     f"(token, browser) => {{ sessionStorage.setItem('{STORAGE_KEY}', token); "
     f"localStorage.setItem('{BROWSER_KEY}', browser); return []; }}"
 )
-BROWSER_ID = re.compile(r"^[0-9a-f]{32}$")
 # Escape stops the answer that streams in view (the message box's own stop button).
 ESCAPE_STOPS = """
 () => {
@@ -73,11 +72,19 @@ class Page:
         self.leaderboard = LeaderboardView(playground, votes) if votes is not None else None
 
     async def resume(self, token: str, browser: str, request: gr.Request) -> tuple[Any, ...]:
-        """A page (re)loaded: the tab's session (a new one for a new tab) and the browser's id
-        (a new one for a new browser, or one whose id is not ours)."""
+        """A page (re)loaded: the tab's session (a new one for a new tab) and the visitor's id,
+        which the server issued in a signed cookie (`app.views.identity`): the id the page's
+        script keeps (`browser`) is shown back to it, never believed. A client that sends no
+        cookie is a new visitor."""
         token, visit = self.sessions.attach(token, request.session_hash or "")
-        if not visit.browser_id:
-            visit.browser_id = browser if BROWSER_ID.match(browser or "") else secrets.token_hex(16)
+        issued = self.playground.identity.visitor(request.headers)
+        if issued is not None:
+            visit.browser_id = issued
+        elif not visit.browser_id:
+            visit.browser_id = secrets.token_hex(16)
+        visit.address = self.playground.identity.address(
+            getattr(request.client, "host", None), request.headers.get("x-forwarded-for")
+        )
         return token, visit.browser_id, visit, *self.chat.resumed(visit)
 
     async def leave(self, request: gr.Request) -> None:
@@ -124,11 +131,17 @@ class Page:
                 loaded.then(self.arena.resumed, [visit], restored, show_progress="hidden", **PRIVATE)
             loaded.then(self.grid.shown, [visit], grid_shown, show_progress="hidden", **PRIVATE)
             demo.unload(self.leave)
+        demo.vlm_identity = self.playground.identity  # type: ignore[attr-defined]
         return demo
 
 
 def build(playground: Playground) -> gr.Blocks:
     return Page(playground).build()
+
+
+def playground_identity(demo: gr.Blocks) -> Identity:
+    """The identity the page's handlers check, kept on the Blocks by `build`."""
+    return demo.vlm_identity  # type: ignore[attr-defined]
 
 
 def launch(demo: gr.Blocks, settings: Settings, block: bool = True, quiet: bool | None = None) -> gr.Blocks:
@@ -139,6 +152,7 @@ def launch(demo: gr.Blocks, settings: Settings, block: bool = True, quiet: bool 
     public_url = settings.public_url or (
         f"https://{space}" if (space := os.environ.get("SPACE_HOST")) else None
     )
+    identity = Middleware(IdentityMiddleware, identity=playground_identity(demo))
     guard = Middleware(
         Guard,
         upload_folder=demo.GRADIO_CACHE,
@@ -148,7 +162,7 @@ def launch(demo: gr.Blocks, settings: Settings, block: bool = True, quiet: bool 
     )
     demo.launch(
         root_path=public_url,
-        app_kwargs={"middleware": [guard]},
+        app_kwargs={"middleware": [guard, identity]},
         server_name=settings.host,
         server_port=settings.port,
         share=settings.share,

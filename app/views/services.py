@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from app.history import History
 from app.media import VideoDecoderPool
 from app.replies import Reply, stream_reply
 from app.sessions import SessionStore, Visit
+from app.views.identity import Identity, signing_key
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,13 @@ class Playground:
         )
         # Each browser tab's conversations, kept across a reload and deleted when it is gone.
         self.sessions = SessionStore(settings.reload_grace_s, settings.session_ttl_s)
+        # Who a visitor is, as the server says (a signed cookie), and where they come from.
+        # Its key is kept beside the history's media (the data folder), where there is one.
+        self.identity = Identity(
+            signing_key(history.media_dir.parent if history is not None else None),
+            settings.trusted_proxies,
+            secure=(settings.public_url or "").startswith("https://") or bool(os.environ.get("SPACE_HOST")),
+        )
         self.loop: asyncio.AbstractEventLoop | None = None
         self._housekeeping_stop = threading.Event()
         self._housekeeping: threading.Thread | None = None

@@ -1,6 +1,7 @@
 """Media belong to the browsers that stored them: knowing a file's content hash gives nothing;
-and each conversation has a version, so that two tabs saving one conversation cannot silently
-overwrite each other's turns.
+each conversation has a version, so that two tabs saving one conversation cannot silently
+overwrite each other's turns; and a vote keeps its client's address (a keyed hash), so that the
+arena can limit the votes of one address as well as of one browser.
 
 A browser owns a medium when it sent the file itself (`has_file`), or when it imported a record
 naming it (then it sees only the thumbnail its import carried, never the file or another
@@ -22,6 +23,9 @@ depends_on = None
 
 
 def upgrade() -> None:
+    with op.batch_alter_table("votes", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("client", sa.String(length=64), server_default="", nullable=False))
+        batch_op.create_index("ix_votes_client", ["client"])
     with op.batch_alter_table("conversations", schema=None) as batch_op:
         batch_op.add_column(sa.Column("version", sa.Integer(), server_default="1", nullable=False))
     op.create_table(
@@ -46,6 +50,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("votes", schema=None) as batch_op:
+        batch_op.drop_index("ix_votes_client")
+        batch_op.drop_column("client")
     with op.batch_alter_table("conversations", schema=None) as batch_op:
         batch_op.drop_column("version")
     op.drop_index("ix_media_owners_browser_id", table_name="media_owners")

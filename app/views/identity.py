@@ -1,0 +1,138 @@
+"""Who a visitor is, as the server says, never as the browser says.
+
+A visitor's id is issued by the server in a signed, HttpOnly cookie (`vlm_visitor`): a page's
+script cannot read or forge it, and a script that drops it is a new visitor with no history and
+no votes behind it. The signing key lives in the data folder (so ids outlive a restart) or, where
+that cannot be written, in the process. The client's address is the connection's peer, or,
+behind a reverse proxy listed in APP_TRUSTED_PROXIES, the last address in X-Forwarded-For that
+is not one of those proxies: a visitor cannot pick it either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Collection, MutableMapping
+from http.cookies import CookieError, SimpleCookie
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+COOKIE = "vlm_visitor"
+MAX_AGE_S = 365 * 86400
+ID_LENGTH = 32  # hex characters, as the history's browser ids
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+ASGIApp = Callable[
+    [Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]
+]
+
+
+def signing_key(folder: Path | None) -> bytes:
+    """The key ids are signed with: kept in `folder` (made once, readable by the app only), else
+    a new one for this process (ids then last as long as it does)."""
+    if folder is not None:
+        path = Path(folder) / "visitor-key"
+        try:
+            if not path.is_file():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                partial = path.with_name(f"{path.name}.{secrets.token_hex(4)}")
+                partial.write_bytes(secrets.token_bytes(32))
+                partial.chmod(0o600)
+                partial.replace(path)
+            key = path.read_bytes()
+            if len(key) >= 32:
+                return key
+        except OSError:
+            log.warning("the visitor key cannot be kept in %s: ids last until a restart", folder)
+    return secrets.token_bytes(32)
+
+
+class Identity:
+    def __init__(self, key: bytes, trusted_proxies: Collection[str] = (), secure: bool = False) -> None:
+        self.key = key
+        self.trusted_proxies = frozenset(trusted_proxies)
+        self.secure = secure
+
+    def sign(self, visitor: str) -> str:
+        return f"{visitor}.{self._mac(visitor)}"
+
+    def verify(self, value: str | None) -> str | None:
+        """The id a cookie's value carries, if this server signed it."""
+        visitor, _, mac = (value or "").partition(".")
+        valid = len(visitor) == ID_LENGTH and all(c in "0123456789abcdef" for c in visitor)
+        return visitor if valid and hmac.compare_digest(mac, self._mac(visitor)) else None
+
+    def _mac(self, visitor: str) -> str:
+        return hmac.new(self.key, visitor.encode(), hashlib.sha256).hexdigest()[:32]
+
+    def visitor(self, headers: Any) -> str | None:
+        """The visitor's id from a request's cookie header, if it carries a valid one."""
+        raw = headers.get("cookie") if headers is not None else None
+        if not raw:
+            return None
+        try:
+            morsel = SimpleCookie(raw).get(COOKIE)
+        except CookieError:
+            return None
+        return self.verify(morsel.value) if morsel is not None else None
+
+    def address(self, peer: str | None, forwarded_for: str | None) -> str:
+        """The client's address: the peer's, or behind a trusted proxy the one it forwarded for."""
+        address = peer or "unknown"
+        if address in self.trusted_proxies and forwarded_for:
+            for hop in reversed([part.strip() for part in forwarded_for.split(",") if part.strip()]):
+                address = hop
+                if hop not in self.trusted_proxies:
+                    break
+        return address
+
+    def address_key(self, address: str) -> str:
+        """What the database keeps of an address: a keyed hash, never the address itself."""
+        return hmac.new(self.key, f"address:{address}".encode(), hashlib.sha256).hexdigest()[:32]
+
+    def cookie_header(self, visitor: str) -> bytes:
+        attributes = f"Max-Age={MAX_AGE_S}; Path=/; HttpOnly; SameSite=Lax" + (
+            "; Secure" if self.secure else ""
+        )
+        return f"{COOKIE}={self.sign(visitor)}; {attributes}".encode("latin-1")
+
+
+class IdentityMiddleware:
+    """Gives every HTTP request that carries no valid id one: the response sets the cookie, and
+    the request goes on with it, so the page's first load already has its visitor."""
+
+    def __init__(self, app: ASGIApp, identity: Identity) -> None:
+        self.app = app
+        self.identity = identity
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+        if self.identity.visitor(headers) is not None:
+            await self.app(scope, receive, send)
+            return
+        visitor = secrets.token_hex(ID_LENGTH // 2)
+        signed = f"{COOKIE}={self.identity.sign(visitor)}".encode("latin-1")
+        # Any forged or stale cookie of ours is replaced, for this request and the browser.
+        kept = [(n, v) for n, v in scope["headers"] if n != b"cookie"]
+        others = b"; ".join(
+            part.strip()
+            for part in headers.get("cookie", "").encode("latin-1").split(b";")
+            if part.strip() and not part.strip().startswith(f"{COOKIE}=".encode())
+        )
+        scope["headers"] = [*kept, (b"cookie", b"; ".join(p for p in (others, signed) if p))]
+
+        async def send_with_cookie(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                cookie = (b"set-cookie", self.identity.cookie_header(visitor))
+                message = {**message, "headers": [*message.get("headers", []), cookie]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_cookie)
