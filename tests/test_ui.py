@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
+from gradio.utils import get_upload_folder
 from PIL import Image
 from playwright.sync_api import Browser, Page, sync_playwright
 from ports import free_port
@@ -711,11 +712,14 @@ def test_the_surface_is_the_page_and_chat_only_and_says_no_server_path(
         assert (
             stored.startswith("@uploads/")
             and stored.endswith("/photo.png")
-            and str(served[0].sessions.upload_root) not in upload.text
+            and get_upload_folder() not in upload.text
         )
         assert http.get(f"gradio_api/file={stored}").content == photo.read_bytes()
         refused = http.get("gradio_api/file=/etc/passwd")
         assert refused.status_code in (403, 404) and "/etc" not in refused.text
+        # The examples are served from where they lie, under a name: no server path in the page.
+        config = http.get("config").text
+        assert str(ROOT) not in config and "@examples/" in config
         # The page's address is never taken from a request's headers.
         config = http.get("config", headers={"X-Forwarded-Host": "evil.example"})
         assert config.status_code == 200 and "evil.example" not in config.text

@@ -2,14 +2,20 @@
 
 Gradio serves more than the page needs, and says more than users should see. In front of it:
 - Only `/chat` is callable by name (`/gradio_api/call/<name>`): the page's own events run
-  through the queue with the page's session, and are not an API.
-- Uploads are taken from this page's origin (or from clients that send no `Origin`, such as
-  `gradio_client`), never from another site's page.
+  through the queue with the page's session, and are not an API. The REST route that skips the
+  queue (`/gradio_api/run/...`) is closed here, in one line (Gradio logged a traceback for a
+  bad call to it).
+- Uploads are taken from this page's origin (its public URL when one is set, as behind a proxy
+  that rewrites `Host`; else the host it is asked at), or from clients that send no `Origin`,
+  such as `gradio_client`; never from another site's page.
 - The `Host` header is checked against the addresses the page is served at, and forwarded-host
   headers are dropped, so the page's `/config` never tells a visitor an address it made up.
-- Server paths never leave the server: Gradio's upload folder is `@uploads/` on the wire (in
-  answers, file URLs and upload results) and is turned back into the folder in requests; a
-  refused file answers one line without the path.
+- Server paths never leave the server: Gradio's upload folder is `@uploads/` on the wire and
+  the examples' folder `@examples/` (in answers, file URLs and upload results). In requests,
+  only the fields that carry a file reference (a `path` or `url` of Gradio's file data) are
+  turned back into the folder: text a visitor writes is never rewritten.
+- A JSON request's body is at most `MAX_JSON_BODY` bytes (a message's text and its file
+  references; files themselves go to `/upload`, bounded by APP_MAX_UPLOAD).
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 API = "/gradio_api"
 WIRE_NAME = b"@uploads/"
+EXAMPLES_WIRE_NAME = b"@examples/"
+MAX_JSON_BODY = 4 * 2**20
+FILE_FIELDS = ("path", "url")
 DROPPED_HEADERS = {b"x-forwarded-host", b"x-forwarded-proto", b"x-forwarded-port", b"forwarded"}
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
@@ -38,13 +47,21 @@ class Guard:
         upload_folder: str,
         allowed_hosts: set[str] | None,
         public_api: Collection[str],
+        examples_folder: str | None = None,
+        public_url: str | None = None,
     ) -> None:
         """`allowed_hosts`: host names the page answers to (None: any, when it listens on every
-        interface and its public address is not known)."""
+        interface and its public address is not known). `public_url`: where visitors reach the
+        page, whose origin uploads may come from."""
         self.app = app
         self.folder = upload_folder.rstrip("/").encode() + b"/"
+        # Wire name -> folder, for every folder whose files the page shows.
+        self.folders = {WIRE_NAME: self.folder}
+        if examples_folder:
+            self.folders[EXAMPLES_WIRE_NAME] = examples_folder.rstrip("/").encode() + b"/"
         self.allowed_hosts = allowed_hosts
         self.public_api = public_api
+        self.public_origin = origin_of(public_url) if public_url else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -62,45 +79,101 @@ class Guard:
             endpoints = " and ".join(f"/{name}" for name in self.public_api)
             await refuse(send, 404, f"Not found: the API's endpoints are {endpoints}.")
             return
-        if path.startswith(f"{API}/upload") and not same_origin(values.get(b"origin"), host):
+        if path.startswith(f"{API}/run/"):
+            endpoints = " and ".join(f"/{name}" for name in self.public_api)
+            await refuse(
+                send, 404, f"Not found: call the API's endpoints ({endpoints}) through /call or a client."
+            )
+            return
+        if path.startswith(f"{API}/upload") and not self.same_origin(values.get(b"origin"), host):
             await refuse(send, 403, "Uploads are taken from this page only.")
             return
         if path.startswith(API) and scope["type"] == "http":
             self._to_server(scope)
-            receive = await self._body_to_server(scope, receive)
+            try:
+                receive = await self._body_to_server(scope, receive)
+            except BodyTooLarge:
+                await refuse(send, 413, f"A request's body takes at most {MAX_JSON_BODY // 2**20} MiB.")
+                return
             send = self._to_wire(scope, send)
         await self.app(scope, receive, send)
 
+    def same_origin(self, origin: bytes | None, host: str) -> bool:
+        """No `Origin` (a script, not a browser page), or this page's own: its public URL's
+        where one is set, else the host it was asked at."""
+        if not origin or origin == b"null":
+            return origin is None
+        asked = origin_of(origin.decode("latin-1"))
+        if self.public_origin is not None:
+            return asked == self.public_origin
+        return urlsplit(origin.decode("latin-1")).netloc == host
+
     def _to_server(self, scope: Scope) -> None:
-        wire = WIRE_NAME.decode()
-        if wire in scope["path"]:
-            scope["path"] = scope["path"].replace(wire, self.folder.decode())
-            scope["raw_path"] = scope["path"].encode()
-        if WIRE_NAME in scope.get("query_string", b""):
-            scope["query_string"] = scope["query_string"].replace(WIRE_NAME, self.folder)
+        for wire_name, folder in self.folders.items():
+            wire = wire_name.decode()
+            if wire in scope["path"]:
+                scope["path"] = scope["path"].replace(wire, folder.decode())
+                scope["raw_path"] = scope["path"].encode()
+            if wire_name in scope.get("query_string", b""):
+                scope["query_string"] = scope["query_string"].replace(wire_name, folder)
 
     async def _body_to_server(self, scope: Scope, receive: Receive) -> Receive:
-        """A JSON request's body with the wire name turned back into the folder."""
+        """A JSON request's body (at most `MAX_JSON_BODY`) with the wire names in its file
+        references turned back into their folders; everything else as it was sent."""
         headers = dict(scope["headers"])
         if scope["type"] != "http" or b"json" not in headers.get(b"content-type", b""):
             return receive
+        declared = headers.get(b"content-length", b"0")
+        if declared.isdigit() and int(declared) > MAX_JSON_BODY:
+            raise BodyTooLarge
         body, more = b"", True
         while more:
             message = await receive()
             if message["type"] != "http.request":
                 return _replay(message, receive)
             body += message.get("body", b"")
+            if len(body) > MAX_JSON_BODY:
+                raise BodyTooLarge
             more = message.get("more_body", False)
-        body = body.replace(WIRE_NAME, self.folder)
+        if any(wire_name in body for wire_name in self.folders):
+            body = self._file_references_to_server(body)
         scope["headers"] = [(n, v) for n, v in scope["headers"] if n != b"content-length"] + [
             (b"content-length", str(len(body)).encode())
         ]
         return _replay({"type": "http.request", "body": body, "more_body": False}, receive)
 
+    def _file_references_to_server(self, body: bytes) -> bytes:
+        try:
+            document = json.loads(body)
+        except ValueError:
+            return body  # not JSON after all: Gradio answers it as it does
+        return json.dumps(self._walk(document)).encode()
+
+    def _walk(self, value: Any) -> Any:
+        if isinstance(value, list):
+            return [self._walk(item) for item in value]
+        if not isinstance(value, dict):
+            return value
+        walked = {key: self._walk(item) for key, item in value.items()}
+        for key in FILE_FIELDS:
+            if isinstance(walked.get(key), str):
+                walked[key] = self._from_wire(walked[key])
+        return walked
+
+    def _from_wire(self, reference: str) -> str:
+        """A file reference with a wire name, at its start or after `file=` (a URL), turned back."""
+        for wire_name, folder in self.folders.items():
+            wire = wire_name.decode()
+            if reference.startswith(wire):
+                return folder.decode() + reference[len(wire) :]
+            if f"file={wire}" in reference:
+                return reference.replace(f"file={wire}", f"file={folder.decode()}", 1)
+        return reference
+
     def _to_wire(self, scope: Scope, send: Send) -> Send:
         """Answers with the folder written as the wire name. A file's own bytes are served as
         they are (never scanned or changed); a refused file's answer names no path."""
-        folder = self.folder
+        folders = self.folders
         is_file = scope["path"].startswith(f"{API}/file=")
         state: dict[str, Any] = {}
 
@@ -121,7 +194,10 @@ class Guard:
                 if state.get("refused"):
                     return
                 if not is_file:
-                    message = {**message, "body": message.get("body", b"").replace(folder, WIRE_NAME)}
+                    body = message.get("body", b"")
+                    for wire_name, folder in folders.items():
+                        body = body.replace(folder, wire_name)
+                    message = {**message, "body": body}
             await send(message)
 
         return send_to_wire
@@ -141,11 +217,15 @@ def _replay(first: Message, then: Receive) -> Receive:
     return receive
 
 
-def same_origin(origin: bytes | None, host: str) -> bool:
-    """No `Origin` (a script, not a browser page) or this page's own."""
-    if not origin or origin == b"null":
-        return origin is None
-    return urlsplit(origin.decode("latin-1")).netloc == host
+class BodyTooLarge(Exception):
+    """A request's body past `MAX_JSON_BODY`."""
+
+
+def origin_of(url: str) -> str:
+    """A URL's origin: scheme, host and port (the default port written out)."""
+    parts = urlsplit(url.strip())
+    port = parts.port or {"https": 443, "http": 80}.get(parts.scheme, 0)
+    return f"{parts.scheme}://{(parts.hostname or '').lower()}:{port}"
 
 
 async def refuse(send: Send, status: int, line: str) -> None:

@@ -156,6 +156,8 @@ def launch(demo: gr.Blocks, settings: Settings, block: bool = True, quiet: bool 
     guard = Middleware(
         Guard,
         upload_folder=demo.GRADIO_CACHE,
+        examples_folder=str(EXAMPLES),
+        public_url=public_url,
         allowed_hosts=allowed_hosts(settings.host, public_url),
         # The leaderboard's endpoint exists where the arena does (`Page`).
         public_api=(CHAT_API, LEADERBOARD_API) if settings.arena else (CHAT_API,),
