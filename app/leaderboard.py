@@ -121,17 +121,36 @@ def leaderboard(votes: Iterable[Vote], rounds: int = 1000, seed: int = 0) -> lis
     return sorted(rows, key=lambda row: row.score, reverse=True)
 
 
-COLUMNS = ("rank", "model", "name", "score", "ci_low", "ci_high", "votes", "wins", "win_rate")
+COLUMNS = (
+    "rank",
+    "model",
+    "name",
+    "score",
+    "ci_low",
+    "ci_high",
+    "votes",
+    "wins",
+    "win_rate",
+    "provisional",
+)
+# Below this many votes a model's bootstrap interval says nothing (one vote resampled is that
+# vote a thousand times: an interval of width 0): it is marked provisional and ranks with all.
+MIN_VOTES = 10
 
 
 def table(rows: Sequence[Row], names: Mapping[str, str] | None = None) -> list[dict[str, object]]:
     """The leaderboard as exported and shown. A model's rank is one more than the number of
     models whose interval lies wholly above its own (as LMArena ranks): models the votes cannot
-    tell apart share a rank."""
+    tell apart share a rank. A provisional model (fewer than `MIN_VOTES` votes) is told apart
+    from none: it shares the first rank, and puts no model below it."""
     names = names or {}
+
+    def settled(row: Row) -> bool:
+        return row.votes >= MIN_VOTES
+
     return [
         {
-            "rank": 1 + sum(other.low > row.high for other in rows),
+            "rank": 1 + sum(other.low > row.high for other in rows if settled(other) and settled(row)),
             "model": row.model,
             "name": names.get(row.model, row.model),
             "score": round(row.score, 1),
@@ -140,6 +159,7 @@ def table(rows: Sequence[Row], names: Mapping[str, str] | None = None) -> list[d
             "votes": row.votes,
             "wins": row.wins,
             "win_rate": round(row.win_rate, 4),
+            "provisional": not settled(row),
         }
         for row in rows
     ]

@@ -9,7 +9,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.leaderboard import OUTCOMES, Vote, leaderboard
+from app.leaderboard import OUTCOMES, Vote, leaderboard, table
 
 MODELS = ["alpha", "beta", "gamma", "delta"]
 FLIPPED = {"a": "b", "b": "a", "tie": "tie", "bad": "bad"}
@@ -84,3 +84,27 @@ def test_known_strengths_are_recovered_from_simulated_battles():
     for row in rows:
         assert abs(row.score - offset - true[row.model]) < 12, (row, true)
         assert row.low - 3 <= true[row.model] + offset <= row.high + 3
+
+
+def test_one_vote_says_nothing_yet_the_two_models_share_a_rank_and_are_marked_provisional():
+    rows = table(leaderboard([Vote("x", "y", "a")], rounds=200))
+    assert [row["rank"] for row in rows] == [1, 1] and all(row["provisional"] for row in rows)
+    # Enough votes that tell them apart: separate ranks, nothing provisional.
+    votes = [Vote("x", "y", "a")] * 60 + [Vote("x", "y", "b")] * 5 + [Vote("y", "z", "tie")] * 30
+    ranked = {row["model"]: row for row in table(leaderboard(votes, rounds=200))}
+    assert ranked["x"]["rank"] == 1 and ranked["y"]["rank"] == 2 and not ranked["x"]["provisional"]
+
+
+@given(
+    votes=st.lists(
+        st.builds(Vote, st.sampled_from("pqrs"), st.sampled_from("pqrs"), st.sampled_from(OUTCOMES)),
+        max_size=40,
+    )
+)
+def test_a_provisional_model_ranks_first_and_pushes_no_model_down(votes: list[Vote]):
+    rows = table(leaderboard(votes, rounds=50))
+    for row in rows:
+        if row["provisional"]:
+            assert row["rank"] == 1
+    settled = [row for row in rows if not row["provisional"]]
+    assert all(row["rank"] <= 1 + len(settled) for row in rows)

@@ -13,7 +13,7 @@ from typing import Any
 import gradio as gr
 
 from app.history import History
-from app.leaderboard import leaderboard, table, to_csv
+from app.leaderboard import MIN_VOTES, leaderboard, table, to_csv
 from app.views.chat import PRIVATE
 from app.views.services import Playground
 
@@ -54,9 +54,11 @@ class LeaderboardView:
         shown = [
             [
                 row["rank"],
-                f"{row['name']} (`{row['model']}`)",
+                row["name"] if row["name"] == row["model"] else f"{row['name']} ({row['model']})",
                 row["score"],
-                f"{row['ci_low']} to {row['ci_high']}",
+                f"provisional: fewer than {MIN_VOTES} votes"
+                if row["provisional"]
+                else f"{row['ci_low']} to {row['ci_high']}",
                 row["votes"],
                 f"{100 * row['win_rate']:.0f}%",
             ]
@@ -66,7 +68,8 @@ class LeaderboardView:
         summary = (
             f"{votes:,} vote{'s' if votes != 1 else ''} ({MODALITY_LABELS[modality].lower()}). Scores are "
             f"Bradley–Terry on the Elo scale with 95% intervals from {ROUNDS:,} bootstrap rounds; ties and "
-            "“both bad” count half a win to each side. Models whose intervals overlap share a rank."
+            "“both bad” count half a win to each side. Models whose intervals overlap share a rank; a "
+            f"model with fewer than {MIN_VOTES} votes is provisional and shares the first."
             if votes
             else f"No votes yet ({MODALITY_LABELS[modality].lower()}): battle in the Arena tab."
         )
