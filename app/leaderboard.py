@@ -100,10 +100,16 @@ def leaderboard(votes: Iterable[Vote], rounds: int = 1000, seed: int = 0) -> lis
     low, high = scores, scores
     if rounds:
         # Each round draws as many votes as there are, with replacement: a multinomial over
-        # the distinct (pair, outcome) cells.
+        # the distinct (pair, outcome) cells. Votes that all went one way (or all ties) would
+        # draw themselves every round, an interval of width 0 however few they are: each pair
+        # played also has half a vote for each side in what is drawn from (not in the score).
+        pairs = sorted({pair_of(v.model_a, v.model_b) for v in cells})
+        unseen = [Vote(a, b, outcome) for a, b in pairs for outcome in ("a", "b")]
+        drawn = np.concatenate([added, contributions(models, unseen)])
+        weights = np.concatenate([tally, np.full(len(unseen), 0.5)])
         total = int(tally.sum())
-        draws = np.random.default_rng(seed).multinomial(total, tally / total, size=rounds)
-        bootstrap = CENTRE + SCALE * fit(np.einsum("rc,cij->rij", draws.astype(float), added))
+        draws = np.random.default_rng(seed).multinomial(total, weights / weights.sum(), size=rounds)
+        bootstrap = CENTRE + SCALE * fit(np.einsum("rc,cij->rij", draws.astype(float), drawn))
         low, high = np.percentile(bootstrap, [2.5, 97.5], axis=0)
     played = wins + wins.T
     rows = [

@@ -89,10 +89,15 @@ class PromptSet:
         """The file an item names: never outside the set's folder, whatever the name says."""
         if self.files is not None:
             return self.files.get(name, self.folder / ".missing")
-        # Lexical, so that a user's own folder of links still works from the command line;
-        # uploaded zips never unpack links.
+        return self.folder / ".missing" if self.outside(name) else Path(os.path.normpath(self.folder / name))
+
+    def outside(self, name: str) -> bool:
+        """Whether a name points out of the set's folder. Lexical, so that a user's own folder
+        of links still works from the command line; uploaded zips never unpack links."""
+        if self.files is not None:
+            return False  # a reopened run's files are looked up by name, never joined
         path = Path(os.path.normpath(self.folder / name))
-        return path if path.is_relative_to(os.path.normpath(self.folder)) else self.folder / ".missing"
+        return not path.is_relative_to(os.path.normpath(self.folder))
 
     def close(self) -> None:
         if self.unpacked is not None:
@@ -252,13 +257,12 @@ async def check_set(prompt_set: PromptSet, cards: Sequence[ModelCard], decoder: 
     """Every file found inside the set and accepted by the media pipeline (images decoded,
     clips decoded in the worker), and every item within each model's media limits."""
     checked = Checked({card.key: [] for card in cards})
-    folder = prompt_set.folder.resolve()
     for number, item in enumerate(prompt_set.items, 1):
         where = f"item {number} ({item.id})"
         problems = []
         for name in item.media:
             path = prompt_set.path(name)
-            if not path.resolve().is_relative_to(folder):
+            if prompt_set.outside(name):
                 problems.append(f"{name} is outside the set's files")
                 continue
             if not path.is_file():

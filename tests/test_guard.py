@@ -31,7 +31,7 @@ async def upload(_: Request) -> PlainTextResponse:
     return PlainTextResponse(f'["{UPLOADS}/abc/photo.png"]')
 
 
-def client(public_url: str | None = None, host: str = "testserver") -> TestClient:
+def client(public_url: str | None = None, host: str = "testserver", page_calls=None) -> TestClient:
     routes = [
         Route("/gradio_api/upload", upload, methods=["POST"]),
         Route("/{rest:path}", echo, methods=["GET", "POST"]),
@@ -43,6 +43,7 @@ def client(public_url: str | None = None, host: str = "testserver") -> TestClien
         allowed_hosts=None,
         public_api=("chat",),
         public_url=public_url,
+        page_calls=page_calls,
     )
     return TestClient(Starlette(routes=routes, middleware=[guard]), base_url=f"http://{host}")
 
@@ -112,3 +113,25 @@ def test_the_route_that_skips_the_queue_is_closed_in_one_line():
     for path in ("/gradio_api/run/predict", "/gradio_api/run/chat"):
         refused = client().post(path, json={"data": [1, 2, 3]})
         assert refused.status_code == 404 and "Traceback" not in refused.text and "\n" not in refused.text
+
+
+def test_only_the_pages_own_queue_less_events_pass_through_run_predict():
+    """The page's example clicks run through /run/predict by index; a script's guess at another
+    index, or inputs the page would never send, stop at the guard in one line."""
+    guarded = client(page_calls={0: lambda data: data in ([0], [1]), 4: lambda data: data == []})
+    for call in ({"fn_index": 0, "data": [1]}, {"fn_index": 4, "data": []}):
+        passed = guarded.post("/gradio_api/run/predict", json=call)
+        assert passed.status_code == 200 and json.loads(passed.json()["body"]) == call
+    for call in (
+        {"fn_index": 0, "data": [2]},
+        {"fn_index": 0, "data": [0, 0]},
+        {"fn_index": 1, "data": []},
+        {"fn_index": "0", "data": [0]},
+        {"fn_index": True, "data": []},
+        {"fn_index": 4},
+        [0],
+    ):
+        refused = guarded.post("/gradio_api/run/predict", json=call)
+        assert refused.status_code == 404 and "\n" not in refused.text, call
+    assert guarded.post("/gradio_api/run/predict", content=b"{not json").status_code == 404
+    assert guarded.post("/gradio_api/run/chat", json={"fn_index": 0, "data": [0]}).status_code == 404

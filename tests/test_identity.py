@@ -4,10 +4,17 @@ issued by a middleware in front of a real ASGI app, and the client's address as 
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+from collections.abc import Iterator
+from pathlib import Path
 
+import gradio as gr
+import httpx
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from ports import free_port
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -15,7 +22,15 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
+from app.cards import load_cards
+from app.config import Settings
+from app.engine import EngineManager
+from app.history import History, sqlite_url
+from app.media import VideoDecoderPool
+from app.views import Playground, launch
 from app.views.identity import COOKIE, Identity, IdentityMiddleware, signing_key
+from app.views.page import Page
+from app.vllm_engine import VllmEngineFactory
 
 IDENTITY = Identity(secrets.token_bytes(32), trusted_proxies=("10.9.9.9",))
 
@@ -71,3 +86,68 @@ def test_the_signing_key_outlives_a_restart_and_is_the_apps_alone(tmp_path):
     first = signing_key(tmp_path)
     assert signing_key(tmp_path) == first and len(first) == 32
     assert (tmp_path / "visitor-key").stat().st_mode & 0o077 == 0
+
+
+# --- the real page -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Page, str]]:
+    """The app's own page, launched as `python -m app` launches it (no model is asked for)."""
+    settings = Settings(gpu_count=0, port=free_port())
+    manager = EngineManager(load_cards(), settings, VllmEngineFactory(settings))
+    decoder = VideoDecoderPool(workers=1)
+    folder = tmp_path_factory.mktemp("identity")
+    history = History(sqlite_url(folder), folder / "media")
+    page = Page(Playground(manager, settings, decoder, history))
+    demo = launch(page.build(), settings, block=False, quiet=True)
+    yield page, f"http://127.0.0.1:{settings.port}/"
+    demo.close()
+    history.close()
+    decoder.close()
+
+
+def loaded(page: Page, cookie: str | None, picked: str, peer: str = "203.0.113.9") -> tuple[str, str]:
+    """What the page's load handler makes of a request: the tab's token and the visitor's id. The
+    page's script hands it `picked`, the id it keeps in localStorage (a script writes what it likes)."""
+    headers = [(b"x-forwarded-for", b"198.51.100.1")]
+    if cookie is not None:
+        headers.append((b"cookie", f"{COOKIE}={cookie}".encode()))
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": headers, "client": (peer, 5000)}
+    request = gr.Request(request=Request(scope), session_hash=secrets.token_hex(8))
+    token, browser, *_ = asyncio.run(page.resume("", picked, request))
+    return token, browser
+
+
+def test_the_served_page_issues_the_cookie_and_its_load_believes_only_the_cookie(served):
+    page, url = served
+    first = httpx.get(url)
+    assert first.status_code == 200
+    issued = first.headers["set-cookie"]
+    assert issued.startswith(f"{COOKIE}=") and "HttpOnly" in issued and "SameSite=Lax" in issued
+    assert "Secure" not in issued  # plain http here: a Secure cookie would never come back
+    value = first.cookies[COOKIE]
+    again = httpx.get(url, cookies={COOKIE: value})
+    assert again.status_code == 200 and "set-cookie" not in again.headers
+    visitor = page.playground.identity.verify(value)
+    assert visitor is not None
+    # The id the page's script offers is shown back the server's, never taken.
+    picked = "0" * 32
+    token, browser = loaded(page, value, picked)
+    assert browser == visitor
+    assert loaded(page, value, picked)[1] == visitor  # another tab of the same browser
+    assert page.sessions.visits[token].address == "203.0.113.9"  # no trusted proxy: the peer's
+    # No cookie, or a forged one: a new visitor every time, never the picked id.
+    strangers = {loaded(page, cookie, picked)[1] for cookie in (None, None, f"{picked}.{'f' * 32}")}
+    assert len(strangers) == 3 and picked not in strangers and visitor not in strangers
+
+
+def test_the_cookie_is_secure_where_the_public_address_is_https(tmp_path: Path):
+    settings = Settings(gpu_count=0, public_url="https://vlm.example.org")
+    decoder = VideoDecoderPool(workers=1)
+    try:
+        manager = EngineManager(load_cards(), settings, VllmEngineFactory(settings))
+        identity = Playground(manager, settings, decoder, None).identity
+        assert b"; Secure" in identity.cookie_header("a" * 32)
+    finally:
+        decoder.close()

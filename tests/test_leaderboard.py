@@ -9,7 +9,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.leaderboard import OUTCOMES, Vote, leaderboard, table
+from app.leaderboard import MIN_VOTES, OUTCOMES, Vote, leaderboard, table
 
 MODELS = ["alpha", "beta", "gamma", "delta"]
 FLIPPED = {"a": "b", "b": "a", "tie": "tie", "bad": "bad"}
@@ -108,3 +108,26 @@ def test_a_provisional_model_ranks_first_and_pushes_no_model_down(votes: list[Vo
             assert row["rank"] == 1
     settled = [row for row in rows if not row["provisional"]]
     assert all(row["rank"] <= 1 + len(settled) for row in rows)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    outcome=st.sampled_from(OUTCOMES),
+    count=st.integers(MIN_VOTES, 400),
+    others=st.lists(
+        st.builds(Vote, st.sampled_from("pqr"), st.sampled_from("pqr"), st.sampled_from(OUTCOMES)),
+        max_size=30,
+    ),
+)
+def test_votes_all_one_way_still_leave_an_interval_not_a_point(outcome, count: int, others: list[Vote]):
+    """Votes that all went one way (or were all ties) resample to themselves in every round: an
+    interval of width 0 ("1520.6 to 1520.6") would claim a certainty no number of votes gives."""
+    rows = table(leaderboard([Vote("x", "y", outcome)] * count + others, rounds=200))
+    for row in rows:
+        if not row["provisional"]:
+            assert row["ci_low"] < row["ci_high"], row
+    ranked = {row["model"]: row["rank"] for row in rows}
+    if outcome in ("a", "b") and not others:
+        # Ten votes out of ten do tell the two apart: separate ranks, the winner first.
+        winner, loser = ("x", "y") if outcome == "a" else ("y", "x")
+        assert (ranked[winner], ranked[loser]) == (1, 2)

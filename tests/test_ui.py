@@ -738,6 +738,9 @@ def test_public_page_defaults(served: tuple[Playground, str, RecordingFactory], 
         # The REST route that would skip the queue is closed.
         direct = http.post("gradio_api/run/chat", json={"data": [{"text": "hi", "files": []}, TINY_A]})
         assert direct.status_code != 200 or "error" in direct.text.lower()
+        # The page's example clicks go through it by index; a script's other guesses do not.
+        for call in ({"fn_index": 0, "data": [999]}, {"fn_index": 9999, "data": []}, {"data": [0]}):
+            assert http.post("gradio_api/run/predict", json=call).status_code == 404, call
 
 
 def test_the_ui_module_imports_no_torch():
@@ -876,7 +879,8 @@ def test_a_reopened_chat_whose_picture_expired_shows_its_thumbnail_and_keeps_it_
             assert not [p for p in parts if p.get("type") in ("image", "video")]  # not sent
     turns = history.load(browser_id(page), stored.id).turns
     assert [t.text for t in turns] == ["An old picture's question", "And now?"]
-    assert [m.hash for m in turns[0].media] == [medium.hash] and history.thumbnail(medium.hash)
+    assert [m.hash for m in turns[0].media] == [medium.hash]
+    assert history.thumbnail(browser_id(page), medium.hash)
 
 
 def test_a_reopened_video_chat_shows_the_frames_the_model_sees_again(page: Page):

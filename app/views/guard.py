@@ -4,7 +4,7 @@ Gradio serves more than the page needs, and says more than users should see. In 
 - Only `/chat` is callable by name (`/gradio_api/call/<name>`): the page's own events run
   through the queue with the page's session, and are not an API. The REST route that skips the
   queue (`/gradio_api/run/...`) is closed here, in one line (Gradio logged a traceback for a
-  bad call to it).
+  bad call to it), but for the page's own queue-less events (an example's click), each checked.
 - Uploads are taken from this page's origin (its public URL when one is set, as behind a proxy
   that rewrites `Host`; else the host it is asked at), or from clients that send no `Origin`,
   such as `gradio_client`; never from another site's page.
@@ -21,7 +21,7 @@ Gradio serves more than the page needs, and says more than users should see. In 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Collection, MutableMapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -49,10 +49,12 @@ class Guard:
         public_api: Collection[str],
         examples_folder: str | None = None,
         public_url: str | None = None,
+        page_calls: Mapping[int, Callable[[list[Any]], bool]] | None = None,
     ) -> None:
         """`allowed_hosts`: host names the page answers to (None: any, when it listens on every
         interface and its public address is not known). `public_url`: where visitors reach the
-        page, whose origin uploads may come from."""
+        page, whose origin uploads may come from. `page_calls`: the page's queue-less events by
+        index, each with a check of the inputs a call hands it (`/run/predict`)."""
         self.app = app
         self.folder = upload_folder.rstrip("/").encode() + b"/"
         # Wire name -> folder, for every folder whose files the page shows.
@@ -62,6 +64,7 @@ class Guard:
         self.allowed_hosts = allowed_hosts
         self.public_api = public_api
         self.public_origin = origin_of(public_url) if public_url else None
+        self.page_calls = page_calls or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -80,11 +83,14 @@ class Guard:
             await refuse(send, 404, f"Not found: the API's endpoints are {endpoints}.")
             return
         if path.startswith(f"{API}/run/"):
-            endpoints = " and ".join(f"/{name}" for name in self.public_api)
-            await refuse(
-                send, 404, f"Not found: call the API's endpoints ({endpoints}) through /call or a client."
-            )
-            return
+            try:
+                receive = await self._page_call(path, scope, receive)
+            except (NotAPageCall, BodyTooLarge):
+                endpoints = " and ".join(f"/{name}" for name in self.public_api)
+                await refuse(
+                    send, 404, f"Not found: call the API's endpoints ({endpoints}) through /call or a client."
+                )
+                return
         if path.startswith(f"{API}/upload") and not self.same_origin(values.get(b"origin"), host):
             await refuse(send, 403, "Uploads are taken from this page only.")
             return
@@ -95,8 +101,38 @@ class Guard:
             except BodyTooLarge:
                 await refuse(send, 413, f"A request's body takes at most {MAX_JSON_BODY // 2**20} MiB.")
                 return
+        if scope["type"] == "http":
+            # The page and its /config name the examples' files too, outside the API's routes.
             send = self._to_wire(scope, send)
         await self.app(scope, receive, send)
+
+    async def _page_call(self, path: str, scope: Scope, receive: Receive) -> Receive:
+        """The page runs its queue-less events (an example's click, an idle input) through
+        `/run/predict` by index. Only those, with as many inputs as they take and each input
+        one the page could send, pass: anything else is refused before Gradio (which printed a
+        traceback for an unknown index or a missing input)."""
+        if path.rstrip("/") != f"{API}/run/predict":
+            raise NotAPageCall
+        body = b""
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                raise NotAPageCall
+            body += message.get("body", b"")
+            if len(body) > MAX_JSON_BODY:
+                raise BodyTooLarge
+            if not message.get("more_body", False):
+                break
+        try:
+            call = json.loads(body)
+        except ValueError:
+            raise NotAPageCall from None
+        if not isinstance(call, dict) or not isinstance(call.get("data"), list):
+            raise NotAPageCall
+        accepts = self.page_calls.get(call.get("fn_index")) if type(call.get("fn_index")) is int else None
+        if accepts is None or not accepts(call["data"]):
+            raise NotAPageCall
+        return _replay({"type": "http.request", "body": body, "more_body": False}, receive)
 
     def same_origin(self, origin: bytes | None, host: str) -> bool:
         """No `Origin` (a script, not a browser page), or this page's own: its public URL's
@@ -215,6 +251,10 @@ def _replay(first: Message, then: Receive) -> Receive:
         return await then()
 
     return receive
+
+
+class NotAPageCall(Exception):
+    """A call to `/run/predict` that is not one of the page's own queue-less events."""
 
 
 class BodyTooLarge(Exception):

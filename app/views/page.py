@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 import gradio as gr
@@ -144,6 +145,23 @@ def playground_identity(demo: gr.Blocks) -> Identity:
     return demo.vlm_identity  # type: ignore[attr-defined]
 
 
+def queue_less_calls(demo: gr.Blocks) -> dict[int, Callable[[list[Any]], bool]]:
+    """The page's events that run outside the queue (an example's click, an input gone idle),
+    by index, each with a check of what a call may hand it: as many inputs as it takes, an
+    example's number among the examples, nothing else (`Guard`)."""
+
+    def accepts(inputs: list[Any]) -> Callable[[list[Any]], bool]:
+        def check(data: list[Any]) -> bool:
+            return len(data) == len(inputs) and all(
+                isinstance(block, gr.Dataset) and type(value) is int and 0 <= value < len(block.samples)
+                for block, value in zip(inputs, data, strict=True)
+            )
+
+        return check
+
+    return {index: accepts(fn.inputs) for index, fn in demo.fns.items() if not fn.queue and fn.fn}
+
+
 def launch(demo: gr.Blocks, settings: Settings, block: bool = True, quiet: bool | None = None) -> gr.Blocks:
     """Serves the page with a public page's defaults: a bounded queue, no API route that skips
     it, an upload limit, no monitoring page, no tracebacks, no share link unless asked for.
@@ -161,6 +179,7 @@ def launch(demo: gr.Blocks, settings: Settings, block: bool = True, quiet: bool 
         allowed_hosts=allowed_hosts(settings.host, public_url),
         # The leaderboard's endpoint exists where the arena does (`Page`).
         public_api=(CHAT_API, LEADERBOARD_API) if settings.arena else (CHAT_API,),
+        page_calls=queue_less_calls(demo),
     )
     demo.launch(
         root_path=public_url,
