@@ -31,9 +31,11 @@ check: lint
 screenshots: env
 	UPDATE_SCREENSHOTS=1 $(PY) -m pytest tests/test_ui.py
 
+# ruff, the layers of app/ (import-linter: the contract in pyproject.toml), hadolint.
 lint: env
 	$(PY) -m ruff check app tests bench scripts
 	$(PY) -m ruff format --check app tests bench scripts
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/hadolint Dockerfile Dockerfile.cpu
 
 format: env

@@ -3,7 +3,7 @@
 
 Every model card is loaded and validated first (a bad card stops it with the file name). On a
 machine that can serve none of the catalog (no GPU, no remote engine), random-weight twins of two
-real cards (`app.demo`) are built locally so that the interface still works; the UI labels them so.
+real cards (`app.demo.models`) are built locally so that the interface still works; the UI labels them so.
 
 SIGTERM (how Docker and Hugging Face stop a container) and SIGINT (Ctrl-C) stop it within 30 s
 (`SHUTDOWN_TIMEOUT_S`): answers are cut off, the engines are shut down, then the web server; any
@@ -25,13 +25,19 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.cards import CardError, ModelCard, load_cards, servable_cards
+from app.catalog.cards import CardError, ModelCard, load_cards, servable_cards
 from app.config import Settings, SettingsError, add_flags, from_command_line
-from app.demo import DEMO_MODELS, default_demo_dir, demo_cards, use_local_vllm_environment
+from app.demo.models import (
+    DEMO_MODELS,
+    default_demo_dir,
+    offered,
+    use_local_vllm_environment,
+    with_demo_models,
+)
 from app.shutdown import ENGINES_CLOSE_S, Shutdown
 
 if TYPE_CHECKING:  # SQLAlchemy is imported only to serve (not for --list)
-    from app.history import History
+    from app.storage.history import History
 
 # Small, strong models to select at start on a GPU machine, best first.
 PREFERRED_DEFAULTS = ("qwen2_5_vl", "qwen2_vl", "phi3_v", "llava")
@@ -55,10 +61,10 @@ def catalog_rows(cards: dict[str, ModelCard], settings: Settings) -> list[tuple[
 
 
 def catalog_markdown(cards: dict[str, ModelCard]) -> str:
-    """The catalog as the README's table: what each model takes, whether one GPU serves it with
+    """The catalog as docs/CATALOG.md's table: what each model takes, whether one GPU serves it with
     the default operator settings (no remote code), and what its twin verified on the real
-    engine in the tests (`app.twins`). `python -m app --list --markdown`."""
-    from app.twins import twin_status
+    engine in the tests (`app.demo.twins`). `python -m app --list --markdown`."""
+    from app.demo.twins import twin_status
 
     settings = Settings(gpu_count=1)
     lines = [
@@ -76,23 +82,6 @@ def sorted_cards(cards: dict[str, ModelCard]) -> list[ModelCard]:
     return sorted(cards.values(), key=lambda c: (c.family, c.display_name))
 
 
-def with_demo_models(cards: dict[str, ModelCard], settings: Settings) -> dict[str, ModelCard]:
-    """The catalog, plus the demo models (random-weight twins of real cards) where the settings
-    ask for them or where this machine can serve nothing else. Built once into the demo folder."""
-    servable = servable_cards(
-        offered(cards, settings), settings.gpu_count, settings.allow_remote_code, settings.remote_engines
-    )
-    wanted = settings.demo_models if settings.demo_models is not None else not servable
-    if not wanted:
-        return cards
-    return demo_cards(cards, settings.demo_dir or default_demo_dir()) | cards
-
-
-def offered(cards: dict[str, ModelCard], settings: Settings) -> dict[str, ModelCard]:
-    """The cards the operator offers (APP_MODELS; all when empty), the demo models included."""
-    return {k: c for k, c in cards.items() if not settings.models or k in settings.models or k in DEMO_MODELS}
-
-
 def default_model(cards: dict[str, ModelCard], settings: Settings) -> str | None:
     """The operator's choice, else a small strong model this machine can serve, else a demo model."""
     if settings.default_model:
@@ -104,10 +93,10 @@ def default_model(cards: dict[str, ModelCard], settings: Settings) -> str | None
 
 def serve(cards: dict[str, ModelCard], settings: Settings, history: History | None = None) -> int:
     """Builds the manager and the page, and serves until interrupted."""
-    from app.engine import EngineManager
-    from app.media import VideoDecoderPool
+    from app.engines.manager import EngineManager
+    from app.engines.vllm_engine import VllmEngineFactory
+    from app.media.loading import VideoDecoderPool
     from app.views import Playground, build, launch
-    from app.vllm_engine import VllmEngineFactory
 
     if settings.gpu_count == 0:
         use_local_vllm_environment((settings.demo_dir or default_demo_dir()).parent / "vllm")
@@ -165,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m app", description=__doc__, epilog=EVAL_HELP)
     parser.add_argument("--list", action="store_true", help="print the catalog and exit")
     parser.add_argument("--available", action="store_true", help="with --list: only servable models")
-    parser.add_argument("--markdown", action="store_true", help="with --list: the README's catalog table")
+    parser.add_argument("--markdown", action="store_true", help="with --list: the catalog table of docs/CATALOG.md")
     add_flags(parser)
     args = parser.parse_args(argv)
     try:
@@ -181,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {busy}", file=sys.stderr)
             return 2
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        from app.history import open_history
+        from app.storage.history import open_history
 
         try:
             history = open_history(settings)

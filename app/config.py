@@ -413,7 +413,7 @@ class Settings(BaseSettings):
             "seconds an unused tab's conversation and files are kept", SECONDS, metavar="SECONDS", group="web"
         ),
     ] = 6 * 3600.0
-    # --- history (app.history) ---
+    # --- history (app.storage.history) ---
     data_dir: Annotated[
         OptionalPath,
         Doc(
@@ -451,7 +451,7 @@ class Settings(BaseSettings):
             group="history",
         ),
     ] = 30.0
-    # --- the arena (app.arena) ---
+    # --- the arena (app.domain.arena) ---
     arena: Annotated[
         bool,
         Doc(

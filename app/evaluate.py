@@ -2,7 +2,7 @@
 
     python -m app eval --models qwen2_5_vl,llava --set set.jsonl --out report.html
 
-The same run as the Grid tab's (`app.grid`), for a GPU box without a browser. `--out` ends in
+The same run as the Grid tab's (`app.domain.grid`), for a GPU box without a browser. `--out` ends in
 .html (a self-contained report), .csv or .json; the run's state is always written beside it as
 `<name>.grid.json`, so an interrupted run (Ctrl-C) goes on with `--resume`, answering only the
 cells not done. Every engine setting (`APP_*` variables and their flags) applies.
@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.cards import CardError, ModelCard, load_cards
+from app.catalog.cards import CardError, ModelCard, load_cards
 from app.config import Settings, SettingsError, add_flags, from_command_line
-from app.engine import SamplingSettings
+from app.engines.base import SamplingSettings
 
 if TYPE_CHECKING:  # vLLM and the media pipeline are imported only to run
-    from app.grid import GridRun
-    from app.media import VideoDecoderPool
-    from app.promptsets import PromptSet
+    from app.domain.grid import GridRun
+    from app.domain.promptsets import PromptSet
+    from app.media.loading import VideoDecoderPool
 
 PROGRESS_EVERY_S = 2.0
 STOPPED = 130  # a run stopped by Ctrl-C, as shells report SIGINT
@@ -60,7 +60,7 @@ def state_path(out: Path) -> Path:
 
 
 def chosen_cards(wanted: tuple[str, ...], cards: dict[str, ModelCard], settings: Settings) -> list[ModelCard]:
-    from app.grid import MAX_MODELS, MIN_MODELS
+    from app.domain.grid import MAX_MODELS, MIN_MODELS
 
     if not MIN_MODELS <= len(set(wanted)) == len(wanted) <= MAX_MODELS:
         raise EvalError(
@@ -81,11 +81,11 @@ def chosen_cards(wanted: tuple[str, ...], cards: dict[str, ModelCard], settings:
 
 
 async def evaluate(args: argparse.Namespace, settings: Settings, cards: list[ModelCard]) -> int:
-    from app import grid
-    from app.engine import EngineManager
-    from app.media import VideoDecoderPool
-    from app.promptsets import check_set, read_set
-    from app.vllm_engine import VllmEngineFactory
+    from app.domain import grid
+    from app.domain.promptsets import check_set, read_set
+    from app.engines.manager import EngineManager
+    from app.engines.vllm_engine import VllmEngineFactory
+    from app.media.loading import VideoDecoderPool
 
     prompt_set = read_set(args.set, args.media)
     decoder = VideoDecoderPool(workers=1)
@@ -145,7 +145,7 @@ async def evaluate(args: argparse.Namespace, settings: Settings, cards: list[Mod
 
 
 def write_outputs(run: GridRun, prompt_set: PromptSet, decoder: VideoDecoderPool, out: Path) -> None:
-    from app import grid
+    from app.domain import grid
 
     out.parent.mkdir(parents=True, exist_ok=True)
     text = grid.to_json(run)
@@ -165,14 +165,14 @@ def main(argv: list[str]) -> int:
         if args.out.suffix.lower() not in (".html", ".csv", ".json"):
             raise EvalError("--out must end in .html, .csv or .json.")
         settings = from_command_line(args)
-        from app.__main__ import offered, with_demo_models
+        from app.demo.models import offered, with_demo_models
 
         catalog = offered(with_demo_models(load_cards(settings.cards_dir), settings), settings)
         if not args.models:
             raise EvalError("--models is needed: 2 to 8 card keys separated by commas.")
         cards = chosen_cards(settings.models, catalog, settings)
         if settings.gpu_count == 0:
-            from app.demo import default_demo_dir, use_local_vllm_environment
+            from app.demo.models import default_demo_dir, use_local_vllm_environment
 
             use_local_vllm_environment((settings.demo_dir or default_demo_dir()).parent / "vllm")
         os.environ.setdefault("VLLM_RPC_BASE_PATH", tempfile.gettempdir())

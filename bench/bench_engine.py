@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from app.demo import use_local_vllm_environment
+from app.demo.models import use_local_vllm_environment
 
 SCRATCH = Path(tempfile.mkdtemp(prefix="bench-engine-"))
 use_local_vllm_environment(SCRATCH)
@@ -37,11 +37,12 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from app.cards import load_cards  # noqa: E402
+from app.catalog.cards import load_cards  # noqa: E402
 from app.config import Settings  # noqa: E402
-from app.demo import demo_cards  # noqa: E402
-from app.engine import EngineManager, SamplingSettings, StreamEnd, TextDelta  # noqa: E402
-from app.vllm_engine import VllmEngineFactory, engine_prompt, process_tree_memory  # noqa: E402
+from app.demo.models import demo_cards  # noqa: E402
+from app.engines.base import SamplingSettings, StreamEnd, TextDelta  # noqa: E402
+from app.engines.manager import EngineManager  # noqa: E402
+from app.engines.vllm_engine import VllmEngineFactory, engine_prompt, process_tree_memory  # noqa: E402
 
 # Short keys for the two demo models.
 BENCH_KEYS = {"tiny-a": "demo_qwen2_vl", "tiny-b": "demo_llava"}
@@ -97,7 +98,7 @@ async def direct(
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    from app.adapters import render
+    from app.catalog.adapters import render
 
     start = time.perf_counter()
     rendered = render(card, messages, engine._owner)

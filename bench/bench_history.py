@@ -23,7 +23,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from postgres import postgres_server  # noqa: E402
 
-from app.history import (  # noqa: E402
+from app.domain.leaderboard import leaderboard  # noqa: E402
+from app.storage.history import (  # noqa: E402
     ConversationRecord,
     History,
     ReplyRecord,
@@ -32,7 +33,7 @@ from app.history import (  # noqa: E402
     new_id,
     sqlite_url,
 )
-from app.leaderboard import OUTCOMES, leaderboard  # noqa: E402
+from app.storage.votes import OUTCOMES  # noqa: E402
 
 MODELS = [f"model-{i}" for i in range(12)]
 MODALITIES = ("text", "image", "images", "video")

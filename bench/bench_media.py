@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from app.media import VideoDecoder, load_image
+from app.media.loading import VideoDecoder, load_image
 
 
 def make_clip(

@@ -39,8 +39,9 @@ from simulated_gpu import (
 )
 
 from app.config import Settings
-from app.engine import EngineError, EngineManager, ModelStatus, SamplingSettings
-from app.memory import GIB
+from app.engines.base import EngineError, ModelStatus, SamplingSettings
+from app.engines.manager import EngineManager
+from app.engines.memory import GIB
 
 # Sizes of real catalog models at bf16 (AWQ where named), KV reserve for a few long sequences.
 MODELS = [

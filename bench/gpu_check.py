@@ -54,8 +54,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.cards import QWEN_PATCH_PIXELS
-from app.twins.common import QWEN_SPECIAL_TOKENS
+from app.catalog.cards import QWEN_PATCH_PIXELS
+from app.demo.twins.common import QWEN_SPECIAL_TOKENS
 
 GIB = 2**30
 MAX_MODEL_LEN = 4096
@@ -157,8 +157,8 @@ def log(message: str) -> None:
 
 def train_tokenizer() -> Any:
     """Qwen2-VL's special tokens on a byte-level BPE trained here, as the twins have them
-    (`app.twins`), at this check's context length (the card renders its own prompt format)."""
-    from app.twins import train_tokenizer as train
+    (`app.demo.twins`), at this check's context length (the card renders its own prompt format)."""
+    from app.demo.twins import train_tokenizer as train
 
     return train(
         QWEN_SPECIAL_TOKENS,
@@ -300,7 +300,7 @@ def check_folder(folder: Path, spec: ModelSpec) -> list[dict[str, Any]]:
         from PIL import Image
         from transformers import AutoConfig, AutoProcessor
 
-        from app.adapters import render
+        from app.catalog.adapters import render
 
         config = AutoConfig.from_pretrained(folder)
         processor = AutoProcessor.from_pretrained(folder)
@@ -647,7 +647,7 @@ async def answer(engine: Any, tokens: int) -> dict[str, Any]:
 
 
 def engine_process_ids(engine: Any) -> list[int]:
-    """The engine core's processes, found as `app.vllm_engine.VllmEngine` finds them."""
+    """The engine core's processes, found as `app.engines.vllm_engine.VllmEngine` finds them."""
     resources = getattr(engine.engine_core, "resources", None)
     processes = getattr(getattr(resources, "engine_manager", None), "processes", [])
     return [p.pid for p in processes if p.pid is not None]
@@ -1029,8 +1029,8 @@ async def swaps_build(plan: Plan) -> dict[str, Any]:
 def model_card(role: str, folder: Path) -> Any:
     """The app's card for a folder: the Qwen2-VL card's twin (its prompt format) with this
     model's engine arguments, one image a prompt, and its parameter count for memory sizing."""
-    from app.cards import ModelCard, VisualTokens, load_cards
-    from app.demo import twin_card
+    from app.catalog.cards import ModelCard, VisualTokens, load_cards
+    from app.demo.models import twin_card
 
     spec = SPECS[role]
     fields = twin_card(load_cards()["qwen2_vl"], folder, spec.key).model_dump()
@@ -1067,8 +1067,9 @@ async def manager_swap(plan: Plan) -> dict[str, Any]:
     """The app's manager on one GPU with one engine awake at a time: the 2B-class model, then
     the 7B-class one (a swap), then each again (waking where the manager put them to sleep)."""
     from app.config import Settings
-    from app.engine import EngineManager, SamplingSettings, StreamEnd
-    from app.vllm_engine import VllmEngineFactory
+    from app.engines.base import SamplingSettings, StreamEnd
+    from app.engines.manager import EngineManager
+    from app.engines.vllm_engine import VllmEngineFactory
 
     phase = Phase("manager swap", plan.timeout_s)
     cards = {SPECS[role].key: model_card(role, plan.folders[role]) for role in ("small", "large")}

@@ -1,7 +1,7 @@
 """A SIMULATED GPU machine for the engine manager: virtual time, engines with GPU-like timings.
 
 What cannot happen on these CPU machines (an 80 GB GPU, 30-120 s builds, sleep mode) is
-simulated here, with realistic numbers, so that the real `app.engine.EngineManager` can be driven
+simulated here, with realistic numbers, so that the real `app.engines.manager.EngineManager` can be driven
 through hours of multi-user traffic in seconds by the tests (`tests/test_scheduler_sim.py`) and
 the scheduling benchmark (`bench/bench_scheduler.py`):
 
@@ -28,10 +28,10 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.cards import ModelCard
-from app.engine import EngineError, EngineFailure, SamplingSettings, StreamEnd, TextDelta
-from app.memory import GIB, GPU_ENGINE_OVERHEAD_BYTES, MemoryNeed
-from app.scheduler import Capacity
+from app.catalog.cards import ModelCard
+from app.engines.base import EngineError, EngineFailure, SamplingSettings, StreamEnd, TextDelta
+from app.engines.memory import GIB, GPU_ENGINE_OVERHEAD_BYTES, MemoryNeed
+from app.engines.scheduler import Capacity
 
 # Loop steps at one virtual instant before the simulation calls it a busy loop (a real burst of
 # work at one instant, hundreds of requests arriving at once, takes thousands).
@@ -323,8 +323,8 @@ def simulated_cards(models: Sequence[SimulatedModel]) -> dict[str, ModelCard]:
     """Cards for the simulated models (a Qwen2-VL-style format; only keys and names matter)."""
     from pathlib import Path
 
-    from app.cards import load_cards
-    from app.demo import twin_card
+    from app.catalog.cards import load_cards
+    from app.demo.models import twin_card
 
     qwen2_vl = load_cards()["qwen2_vl"]
     cards = {}

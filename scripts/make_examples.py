@@ -20,7 +20,7 @@ from PIL import Image, ImageDraw
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.shapes import Drawn, clip, picture  # noqa: E402
+from app.demo.shapes import Drawn, clip, picture  # noqa: E402
 
 EXAMPLES = ROOT / "static" / "examples"
 
@@ -73,8 +73,8 @@ def bouncing_ball(path: Path, seconds: int = 4, fps: int = 12) -> None:
 
 
 def seeing_examples(folder: Path) -> None:
-    """Pictures and a clip the seeing demo model (`app.seeing_model`) answers about: drawn as it
-    was trained to see (`app.shapes`), at sizes it never saw."""
+    """Pictures and a clip the seeing demo model (`app.demo.seeing_model`) answers about: drawn as it
+    was trained to see (`app.demo.shapes`), at sizes it never saw."""
     rng = random.Random(5)  # noqa: S311 (drawing, seeded to be reproducible)
     picture(rng, [Drawn("blue", "triangle", "right")], (240, 160)).save(folder / "one_shape.png")
     three = [Drawn(c, s, "left") for c, s in [("red", "circle"), ("yellow", "square"), ("black", "triangle")]]

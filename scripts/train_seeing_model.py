@@ -1,5 +1,5 @@
 """Trains the seeing demo model into `static/seeing-model` (the weights the app serves), from
-the fixed seed in `app.seeing_model`, then reports its accuracy per question kind on held-out
+the fixed seed in `app.demo.seeing_model`, then reports its accuracy per question kind on held-out
 questions through the real vLLM engine:
 
     .venv/bin/python scripts/train_seeing_model.py [--out DIR] [--per-kind N]
@@ -22,9 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.cards import load_cards  # noqa: E402
-from app.demo import SEEING_FOLDER, use_local_vllm_environment  # noqa: E402
-from app.seeing_model import SEEING_KEY, STEPS, Steps, accuracy, build_seeing_model, seeing_card  # noqa: E402
+from app.catalog.cards import load_cards  # noqa: E402
+from app.demo.models import SEEING_FOLDER, use_local_vllm_environment  # noqa: E402
+from app.demo.seeing_model import SEEING_KEY, STEPS, Steps, accuracy, build_seeing_model, seeing_card  # noqa: E402
 
 # Not training's seed, nor the tests': questions about pictures no run has seen.
 EVALUATION_SEED = 31
@@ -35,8 +35,8 @@ def evaluate(folder: Path, per_kind: int) -> dict[str, float]:
     engine manager and the real vLLM engine (greedy)."""
     use_local_vllm_environment(Path(tempfile.mkdtemp(prefix="vllm-seeing-")))
     from app.config import Settings
-    from app.engine import EngineManager
-    from app.vllm_engine import VllmEngineFactory
+    from app.engines.manager import EngineManager
+    from app.engines.vllm_engine import VllmEngineFactory
 
     settings = Settings(gpu_count=0, cpu_kv_cache_bytes=64 * 2**20)
     card = seeing_card(load_cards()["qwen2_vl"], folder)

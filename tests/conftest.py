@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import pytest
 from hypothesis import settings
 
-from app.demo import use_local_vllm_environment
+from app.demo.models import use_local_vllm_environment
 
 # Property tests: the same examples on every run by default, so that CI's verdict is the code's,
 # not the draw's; `HYPOTHESIS_PROFILE=deep` draws many more, at random (run it after a change
@@ -61,9 +61,9 @@ TINY_TWINS = {"tiny-a": "qwen2_vl", "tiny-b": "llava"}
 
 @pytest.fixture(scope="session")
 def tiny_cards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from app.cards import load_cards
-    from app.demo import twin_card
-    from app.twins import build_twin
+    from app.catalog.cards import load_cards
+    from app.demo.models import twin_card
+    from app.demo.twins import build_twin
 
     cards, root = load_cards(), tmp_path_factory.mktemp("tiny-twins")
     return {key: twin_card(cards[of], build_twin(cards[of], root), key) for key, of in TINY_TWINS.items()}

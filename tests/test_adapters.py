@@ -12,8 +12,8 @@ import pytest
 import references as ref
 from references import StubTokenizer
 
-from app.adapters import PromptError, render, stop_token_ids
-from app.cards import ModelCard, load_cards
+from app.catalog.adapters import PromptError, render, stop_token_ids
+from app.catalog.cards import ModelCard, load_cards
 
 CARDS = load_cards()
 QUESTIONS = [

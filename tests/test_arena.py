@@ -15,7 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
-from app.arena import (
+from app.catalog.cards import ModelCard
+from app.config import Settings
+from app.domain.arena import (
     BLIND_REFUSAL,
     VOTE_WINDOW_S,
     ArenaError,
@@ -27,20 +29,18 @@ from app.arena import (
     pair_weights,
     retry_after_s,
 )
-from app.cards import ModelCard
-from app.config import Settings
-from app.conversation import Turn
-from app.engine import EngineManager
-from app.history import History, VoteRecord, new_id, sqlite_url
-from app.leaderboard import Vote, pair_of
-from app.media import VideoDecoderPool
-from app.replies import Reply
-from app.sessions import Visit
+from app.domain.conversation import Turn
+from app.domain.replies import Reply
+from app.domain.sessions import Visit
+from app.engines.manager import EngineManager
+from app.engines.vllm_engine import VllmEngineFactory
+from app.media.loading import VideoDecoderPool
+from app.storage.history import History, VoteRecord, new_id, sqlite_url
+from app.storage.votes import Vote, pair_of
 from app.views import Playground
 from app.views.arena import ArenaView
 from app.views.leaderboard import LeaderboardView
 from app.views.services import WARNING
-from app.vllm_engine import VllmEngineFactory
 
 MODELS = st.lists(st.sampled_from([f"m{i}" for i in range(8)]), min_size=2, max_size=8, unique=True)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app.cards import CARDS_DIR, CardError, load_card, load_cards, servable_cards
+from app.catalog.cards import CARDS_DIR, CardError, load_card, load_cards, servable_cards
 
 CARDS = load_cards()
 
@@ -140,7 +140,7 @@ def test_engine_args_are_arguments_of_the_installed_vllm():
 
 
 def test_video_cards_sample_the_references_frame_count_within_the_decoders_cap(tmp_path: Path):
-    from app.media import VideoLimits
+    from app.media.loading import VideoLimits
 
     video_cards = [card for card in CARDS.values() if "video" in card.modalities]
     assert video_cards and all(card.video_frames == 16 for card in video_cards)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from app.compare import Column, Comparison, export_name, to_json, to_markdown
-from app.engine import SamplingSettings
+from app.domain.compare import Column, Comparison, export_name, to_json, to_markdown
+from app.engines.base import SamplingSettings
 
 
 def test_exports_hold_prompts_repositories_settings_answers_and_timings():
@@ -57,9 +57,9 @@ def test_stopping_a_comparison_marks_the_columns_that_had_not_ended_as_stopped()
     """Stop left them at "loading… (1 s of about 13 s)" forever, and the export said so."""
     import asyncio
 
-    from app.cards import load_cards
-    from app.compare import run
-    from app.engine import ModelState, ModelStatus
+    from app.catalog.cards import load_cards
+    from app.domain.compare import run
+    from app.engines.base import ModelState, ModelStatus
 
     class NeverReady:
         """The manager's `stream` for models that stay loading until the stream is closed."""

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from app.cards import load_cards
-from app.conversation import (
+from app.catalog.cards import load_cards
+from app.demo.models import twin_card
+from app.domain.conversation import (
     INTERNAL_ERROR,
     ConversationError,
     Session,
@@ -21,10 +22,9 @@ from app.conversation import (
     make_turn,
     user_message,
 )
-from app.demo import twin_card
-from app.engine import EngineError
-from app.media import MediaError, VideoDecoderPool
-from app.replies import Reply
+from app.domain.replies import Reply
+from app.engines.base import EngineError
+from app.media.loading import MediaError, VideoDecoderPool
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "static" / "examples"
 CARDS = load_cards()
@@ -68,8 +68,8 @@ def test_a_prompt_that_cannot_fit_is_refused_with_the_numbers():
 
 
 def test_without_a_tokenizer_the_estimate_is_never_below_the_tokenizers_count(tmp_path: Path):
-    from app.tokens import counter_for
-    from app.twins import build_twin
+    from app.demo.twins import build_twin
+    from app.engines.tokens import counter_for
 
     twin = twin_card(CARDS["qwen2_vl"], build_twin(CARDS["qwen2_vl"], tmp_path), "twin-in-folder")
     counter = counter_for(twin)  # the tokenizer files in the model's local folder

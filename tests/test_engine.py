@@ -21,20 +21,20 @@ import pytest
 from clips import write_video
 from PIL import Image
 
-from app.cards import load_cards
+from app.catalog.cards import load_cards
 from app.config import Settings
-from app.engine import (
+from app.engines.base import (
     EngineError,
     EngineFailure,
-    EngineManager,
     ModelState,
     ModelStatus,
     SamplingSettings,
     StreamEnd,
     TextDelta,
 )
-from app.media import load_video
-from app.vllm_engine import VllmEngineFactory, process_tree_memory
+from app.engines.manager import EngineManager
+from app.engines.vllm_engine import VllmEngineFactory, process_tree_memory
+from app.media.loading import load_video
 
 CATALOG = load_cards()
 
@@ -273,7 +273,7 @@ def test_a_failed_build_names_the_model_and_cause_and_the_manager_keeps_working(
     broken_folder = tmp_path / "no-weights"
     broken_folder.mkdir()
     (broken_folder / "config.json").write_text('{"model_type": "qwen2_vl", "architectures": ["Nope"]}')
-    from app.demo import twin_card
+    from app.demo.models import twin_card
 
     cards = {**tiny_cards, "broken": twin_card(CATALOG["qwen2_vl"], broken_folder, "broken")}
     manager = EngineManager(cards, SETTINGS, VllmEngineFactory(SETTINGS))
@@ -330,9 +330,9 @@ def test_the_model_state_describes_itself_for_the_ui():
 
 def test_video_frames_reach_the_engine_as_sampled(tmp_path: Path):
     """What the manager hands vLLM for a video: the sampled frames with their metadata."""
-    from app.adapters import RenderedPrompt
-    from app.demo import twin_card
-    from app.vllm_engine import engine_prompt
+    from app.catalog.adapters import RenderedPrompt
+    from app.demo.models import twin_card
+    from app.engines.vllm_engine import engine_prompt
 
     clip = load_video(write_video(tmp_path / "c.mp4"), num_frames=4)
     image = Image.new("RGB", (8, 8))

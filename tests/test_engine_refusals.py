@@ -10,10 +10,17 @@ import pytest
 from PIL import Image
 
 from app.config import Settings
-from app.conversation import USER_ERRORS, ConversationError, check_fits, estimate_prompt_tokens, user_message
-from app.engine import EngineManager, SamplingSettings, StreamEnd
-from app.tokens import render_literal
-from app.vllm_engine import VllmEngineFactory
+from app.domain.conversation import (
+    USER_ERRORS,
+    ConversationError,
+    check_fits,
+    estimate_prompt_tokens,
+    user_message,
+)
+from app.engines.base import SamplingSettings, StreamEnd
+from app.engines.manager import EngineManager
+from app.engines.tokens import render_literal
+from app.engines.vllm_engine import VllmEngineFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 

@@ -17,10 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from app.cards import ModelCard
+from app.catalog.cards import ModelCard
 from app.config import Settings
-from app.engine import EngineManager
-from app.history import (
+from app.engines.manager import EngineManager
+from app.engines.vllm_engine import VllmEngineFactory
+from app.media.loading import VideoDecoderPool
+from app.storage.history import (
     ConversationRecord,
     Export,
     History,
@@ -31,11 +33,9 @@ from app.history import (
     new_id,
     sqlite_url,
 )
-from app.media import VideoDecoderPool
 from app.views import Playground
 from app.views.api import ChatApi
 from app.views.chat import ChatView
-from app.vllm_engine import VllmEngineFactory
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),

@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from app.cards import ModelCard, load_cards
+from app.catalog.cards import ModelCard, load_cards
 from app.config import Settings
-from app.demo import SEEING_FOLDER
-from app.engine import EngineManager, SamplingSettings
-from app.grid import (
+from app.demo.models import SEEING_FOLDER
+from app.demo.seeing_model import SEEING_KEY, seeing_card
+from app.domain.grid import (
     GridRun,
     from_json,
     from_record,
@@ -39,11 +39,12 @@ from app.grid import (
     to_json,
     to_record,
 )
-from app.history import History, sqlite_url
-from app.media import VideoDecoderPool
-from app.promptsets import PromptSetError, check_set, example_sets, read_set
-from app.seeing_model import SEEING_KEY, seeing_card
-from app.vllm_engine import VllmEngineFactory
+from app.domain.promptsets import PromptSetError, check_set, example_sets, read_set
+from app.engines.base import SamplingSettings
+from app.engines.manager import EngineManager
+from app.engines.vllm_engine import VllmEngineFactory
+from app.media.loading import VideoDecoderPool
+from app.storage.history import History, sqlite_url
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "static" / "examples"
@@ -485,11 +486,11 @@ def test_a_zip_whose_header_lies_about_a_size_is_refused(tmp_path: Path):
     "hostile", ['=HYPERLINK("http://x.invalid","click")', "+1+1", "-2+3", "@SUM(A1)", "\t=1"]
 )
 def test_a_csv_export_never_hands_a_spreadsheet_a_formula(hostile: str):
-    from app.engine import SamplingSettings
-    from app.grid import GridRun
-    from app.leaderboard import to_csv as leaderboard_csv
-    from app.promptsets import PromptItem
-    from app.replies import Reply
+    from app.domain.grid import GridRun
+    from app.domain.leaderboard import to_csv as leaderboard_csv
+    from app.domain.promptsets import PromptItem
+    from app.domain.replies import Reply
+    from app.engines.base import SamplingSettings
 
     item = PromptItem(id=hostile[:20], question=hostile)
     run = GridRun("set", [item], ["m"], {"m": hostile}, SamplingSettings())

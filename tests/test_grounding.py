@@ -14,9 +14,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image, ImageDraw
 
-from app.cards import load_cards
-from app.conversation import Session, Turn
-from app.grounding import (
+from app.catalog.cards import load_cards
+from app.domain.conversation import Session, Turn
+from app.domain.replies import Reply
+from app.media.grounding import (
     PARSERS,
     Box,
     draw_answer_boxes,
@@ -24,7 +25,6 @@ from app.grounding import (
     parse_boxes,
     smart_resize,
 )
-from app.replies import Reply
 from app.views.chat import conversation
 
 CARDS = load_cards()
@@ -264,8 +264,8 @@ def test_the_chat_shows_the_drawn_picture_under_the_answer_and_keeps_the_raw_tex
 
 
 def test_a_comparison_shows_each_columns_boxes_and_its_export_names_no_server_file(tmp_path: Path):
-    from app.compare import Comparison, to_json
-    from app.engine import SamplingSettings
+    from app.domain.compare import Comparison, to_json
+    from app.engines.base import SamplingSettings
     from app.views.compare import columns_view
 
     card = CARDS["qwen3_vl"]

@@ -1,4 +1,4 @@
-"""The history database (`app.history`) on SQLite and on a real PostgreSQL server: what a user
+"""The history database (`app.storage.history`) on SQLite and on a real PostgreSQL server: what a user
 stores, reopens, renames, exports and deletes, what another browser cannot reach, what is left
 on disk after a delete, migrations, and two app processes writing at once."""
 
@@ -18,7 +18,7 @@ from PIL import Image
 from postgres import postgres_server
 from sqlalchemy import create_engine, text
 
-from app.history import (
+from app.storage.history import (
     Base,
     ConversationRecord,
     History,
@@ -30,7 +30,7 @@ from app.history import (
     new_id,
     sqlite_url,
 )
-from app.leaderboard import Vote
+from app.storage.votes import Vote
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -197,7 +197,7 @@ def newest_revision() -> str:
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-    from app.history import MIGRATIONS
+    from app.storage.history import MIGRATIONS
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
@@ -223,7 +223,7 @@ WRITER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from app.history import ConversationRecord, History, ReplyRecord, TurnRecord, new_id
+    from app.storage.history import ConversationRecord, History, ReplyRecord, TurnRecord, new_id
     url, media, browser, count = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
     history = History(url, media)
     for index in range(count):
@@ -263,7 +263,7 @@ def test_two_app_processes_write_at_once(url: str, tmp_path: Path):
 
 
 MIGRATOR = (
-    "import sys; from pathlib import Path; from app.history import History; "
+    "import sys; from pathlib import Path; from app.storage.history import History; "
     "History(sys.argv[1], Path(sys.argv[2])).close()"
 )
 
@@ -335,7 +335,7 @@ def test_an_upgrade_from_the_first_version_keeps_its_conversations(url: str, tmp
     from alembic import command
     from alembic.config import Config
 
-    from app.history import MIGRATIONS, make_engine
+    from app.storage.history import MIGRATIONS, make_engine
 
     engine = make_engine(url)
     config = Config()

@@ -22,15 +22,15 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from app.cards import load_cards
+from app.catalog.cards import load_cards
 from app.config import Settings
-from app.engine import EngineManager
-from app.history import History, sqlite_url
-from app.media import VideoDecoderPool
+from app.engines.manager import EngineManager
+from app.engines.vllm_engine import VllmEngineFactory
+from app.media.loading import VideoDecoderPool
+from app.storage.history import History, sqlite_url
 from app.views import Playground, launch
 from app.views.identity import COOKIE, Identity, IdentityMiddleware, signing_key
 from app.views.page import Page
-from app.vllm_engine import VllmEngineFactory
 
 IDENTITY = Identity(secrets.token_bytes(32), trusted_proxies=("10.9.9.9",))
 

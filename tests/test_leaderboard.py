@@ -1,4 +1,4 @@
-"""The arena's leaderboard (`app.leaderboard`): Bradley–Terry scores with bootstrap intervals.
+"""The arena's leaderboard (`app.domain.leaderboard`): Bradley–Terry scores with bootstrap intervals.
 Properties over random votes, and recovery of known strengths from simulated battles."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.leaderboard import MIN_VOTES, OUTCOMES, Vote, leaderboard, table
+from app.domain.leaderboard import MIN_VOTES, leaderboard, table
+from app.storage.votes import OUTCOMES, Vote
 
 MODELS = ["alpha", "beta", "gamma", "delta"]
 FLIPPED = {"a": "b", "b": "a", "tie": "tie", "bad": "bad"}

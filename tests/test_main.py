@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import json
 import os
 import shutil
@@ -15,10 +16,10 @@ from pathlib import Path
 import pytest
 from ports import free_port
 
-from app.__main__ import catalog_markdown, default_model, offered, with_demo_models
-from app.cards import CARDS_DIR, load_cards
+from app.__main__ import catalog_markdown, default_model
+from app.catalog.cards import CARDS_DIR, load_cards
 from app.config import Settings, env_name, flag_name
-from app.demo import DEMO_MODELS, DEMO_TWINS
+from app.demo.models import DEMO_MODELS, DEMO_TWINS, offered, with_demo_models
 
 ROOT = Path(__file__).resolve().parent.parent
 CARDS = load_cards()
@@ -155,11 +156,23 @@ def test_a_history_database_that_cannot_be_opened_stops_the_app_with_one_line(tm
     assert "secret" not in run.stderr and "Traceback" not in run.stderr
 
 
-def test_the_readme_catalog_table_matches_the_cards():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    table = readme.split("<!-- catalog:start -->\n")[1].split("<!-- catalog:end -->")[0]
-    assert table == catalog_markdown(CARDS), "run `python -m app --list --markdown` into the README"
+def test_the_catalog_table_matches_the_cards():
+    page = (ROOT / "docs" / "CATALOG.md").read_text(encoding="utf-8")
+    table = page.split("<!-- catalog:start -->\n")[1].split("<!-- catalog:end -->")[0]
+    assert table == catalog_markdown(CARDS), "run `python -m app --list --markdown` into docs/CATALOG.md"
     assert table.count("\n") == len(CARDS) + 2
+
+
+def test_the_readme_is_short_and_links_every_page_of_the_docs():
+    """A newcomer reads the README; everything else is one link away, and every link works."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert readme.count("\n") <= 200
+    for page in (ROOT / "docs").glob("*.md"):
+        assert f"](docs/{page.name})" in readme, page.name
+    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").glob("*.md")]
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#:]+\.md)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
+            assert (page.parent / target).is_file(), (page.name, target)
 
 
 def test_the_readme_shows_each_main_view_from_the_browser_tests():

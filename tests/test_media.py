@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.media import HASH_KEY, ImageLimits, MediaError, load_image
+from app.media.loading import HASH_KEY, ImageLimits, MediaError, load_image
 
 
 def save(image: Image.Image, path: Path, **params) -> Path:
@@ -205,9 +205,11 @@ def test_a_missing_file_is_refused_without_its_path(tmp_path: Path):
 # --- video -----------------------------------------------------------------------------------
 
 import av  # noqa: E402 - the video half of the tests
+import video_faults  # noqa: E402
 from clips import write_video  # noqa: E402
+from video_faults import faulty  # noqa: E402
 
-from app.media import (  # noqa: E402
+from app.media.loading import (  # noqa: E402
     VideoDecoder,
     VideoDecoderPool,
     VideoLimits,
@@ -234,6 +236,14 @@ def write_audio_only(path: Path) -> Path:
 @pytest.fixture(scope="module")
 def decoder():
     worker = VideoDecoder(VideoLimits(timeout_s=20))
+    yield worker
+    worker.close()
+
+
+@pytest.fixture(scope="module")
+def faulty_decoder():
+    """A worker that plays the faults of `video_faults` on clips named for them."""
+    worker = VideoDecoder(VideoLimits(timeout_s=20), decode=video_faults.decode)
     yield worker
     worker.close()
 
@@ -300,12 +310,12 @@ def test_keyframe_snapping_keeps_one_sample_per_stretch():
 def test_a_pool_decodes_two_videos_at_once_while_one_worker_hangs(clip):
     import threading
 
-    pool = VideoDecoderPool(workers=2, limits=VideoLimits(timeout_s=10))
+    pool = VideoDecoderPool(workers=2, limits=VideoLimits(timeout_s=10), decode=video_faults.decode)
     refusals: list[str] = []
 
     def hang() -> None:
         with pytest.raises(MediaError) as error:
-            pool.decode(clip, fault="hang")
+            pool.decode(faulty(clip, "hang"))
         refusals.append(str(error.value))
 
     hung = threading.Thread(target=hang)
@@ -338,8 +348,8 @@ def test_variable_frame_rate_keeps_the_real_timestamps(decoder, tmp_path):
     assert timestamps == pytest.approx([p / 1000 for p in pts], abs=0.002)
 
 
-def test_opencv_takes_over_when_decord_cannot_open_a_file(decoder, clip):
-    frames, metadata, _ = decoder.decode(clip, num_frames=5, fault="decord_fails")
+def test_opencv_takes_over_when_decord_cannot_open_a_file(faulty_decoder, clip):
+    frames, metadata, _ = faulty_decoder.decode(faulty(clip, "decord-fails"), num_frames=5)
     assert metadata["video_backend"] == "opencv"
     assert frames.shape == (5, 48, 64, 3) and frame_levels(frames) == [0, 5, 10, 14, 19]
 
@@ -395,23 +405,24 @@ def test_videos_over_the_limits_are_refused_with_the_numbers(clip):
         small.close()
 
 
-def test_a_crashing_worker_is_replaced_and_the_next_decode_works(decoder, clip):
-    decoder.decode(clip, num_frames=1)
-    before = decoder.worker_pid
+def test_a_crashing_worker_is_replaced_and_the_next_decode_works(faulty_decoder, clip):
+    faulty_decoder.decode(clip, num_frames=1)
+    before = faulty_decoder.worker_pid
+    crashing = faulty(clip, "crash")
     with pytest.raises(MediaError, match="decoder failed on this file") as error:
-        decoder.decode(clip, fault="crash")
-    assert_clean_refusal(error, clip)
-    frames, _, _ = decoder.decode(clip, num_frames=2)
-    assert frames.shape[0] == 2 and decoder.worker_pid not in (None, before)
+        faulty_decoder.decode(crashing)
+    assert_clean_refusal(error, crashing)
+    frames, _, _ = faulty_decoder.decode(clip, num_frames=2)
+    assert frames.shape[0] == 2 and faulty_decoder.worker_pid not in (None, before)
 
 
 def test_a_hanging_worker_is_killed_and_replaced(clip):
-    decoder = VideoDecoder(VideoLimits(timeout_s=2))
+    decoder = VideoDecoder(VideoLimits(timeout_s=2), decode=video_faults.decode)
     try:
         decoder.decode(clip, num_frames=1)
         hung = decoder.worker_pid
         with pytest.raises(MediaError, match="took over 2 s and was stopped"):
-            decoder.decode(clip, fault="hang")
+            decoder.decode(faulty(clip, "hang"))
         with pytest.raises(ProcessLookupError):
             os.kill(hung, 0)
         assert decoder.decode(clip, num_frames=2).frames.shape[0] == 2

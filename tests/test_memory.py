@@ -1,20 +1,20 @@
-"""Memory sizing for the scheduler (`app.memory`) and the memory check after an engine stops
-(`app.vllm_engine.wait_for_memory_freed`), on the real catalog and real model folders."""
+"""Memory sizing for the scheduler (`app.engines.memory`) and the memory check after an engine stops
+(`app.engines.vllm_engine.wait_for_memory_freed`), on the real catalog and real model folders."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from app.cards import load_cards
-from app.memory import (
+from app.catalog.cards import load_cards
+from app.engines.memory import (
     GPU_ENGINE_OVERHEAD_BYTES,
     estimate_need,
     kv_bytes_per_token,
     parameters_from_config,
     parameters_from_name,
 )
-from app.vllm_engine import visible_devices, wait_for_memory_freed
+from app.engines.vllm_engine import visible_devices, wait_for_memory_freed
 
 CARDS = load_cards()
 GB = 10**9

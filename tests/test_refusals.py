@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from app.adapters import PromptError, to_turns
-from app.cards import load_cards
+from app.catalog.adapters import PromptError, to_turns
+from app.catalog.cards import load_cards
 from app.config import Settings
-from app.engine import EngineManager, SamplingError, SamplingSettings, explain_refusal
+from app.engines.base import SamplingError, SamplingSettings, explain_refusal
+from app.engines.manager import EngineManager
 
 CARDS = load_cards()
 

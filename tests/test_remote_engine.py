@@ -20,12 +20,13 @@ from clips import write_video
 from PIL import Image
 from ports import free_port
 
-from app.cards import ModelCard
+from app.catalog.cards import ModelCard
 from app.config import Settings
-from app.engine import EngineError, EngineManager, ModelState, SamplingSettings, StreamEnd, TextDelta
-from app.media import load_video
-from app.remote_engine import chat_messages, describe_messages
-from app.vllm_engine import VllmEngineFactory
+from app.engines.base import EngineError, ModelState, SamplingSettings, StreamEnd, TextDelta
+from app.engines.manager import EngineManager
+from app.engines.remote_engine import chat_messages, describe_messages
+from app.engines.vllm_engine import VllmEngineFactory
+from app.media.loading import load_video
 
 FIXED = SamplingSettings(temperature=0.0, max_tokens=10, ignore_eos=True)
 

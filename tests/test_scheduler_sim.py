@@ -26,9 +26,10 @@ from simulated_gpu import (
 )
 
 from app.config import Settings
-from app.engine import EngineError, EngineManager, ModelState, ModelStatus, SamplingSettings, StreamEnd
-from app.memory import GIB
-from app.scheduler import Capacity, Head, Phase, Resident, decide
+from app.engines.base import EngineError, ModelState, ModelStatus, SamplingSettings, StreamEnd
+from app.engines.manager import EngineManager
+from app.engines.memory import GIB
+from app.engines.scheduler import Capacity, Head, Phase, Resident, decide
 
 # One 80 GB GPU at a 0.9 budget; together the models need more than that, so they swap.
 MODELS = [

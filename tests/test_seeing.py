@@ -1,6 +1,6 @@
 """The pixels a user sends are the pixels the model sees: the seeing demo model (trained here on
-shapes, `app.seeing_model`) answers about files these tests write, through the app's media
-pipeline (`app.conversation`: the kept file, EXIF, modes, the video decoding worker), its prompt
+shapes, `app.demo.seeing_model`) answers about files these tests write, through the app's media
+pipeline (`app.domain.conversation`: the kept file, EXIF, modes, the video decoding worker), its prompt
 format and engine manager, and the real vLLM engine on the CPU. A channel swap, a lost rotation,
 images out of order, an earlier turn's image answered for, shuffled or repeated frames: each
 gives a wrong answer here.
@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.cards import ModelCard, load_cards
+from app.catalog.cards import ModelCard, load_cards
 from app.config import Settings
-from app.conversation import Session, engine_messages, make_turn
-from app.engine import EngineManager
-from app.media import VideoDecoderPool
-from app.replies import Reply
-from app.seeing_model import SEEING_KEY, accuracy, ask, build_seeing_model, seeing_card
-from app.shapes import BACKGROUND, Drawn, picture
+from app.demo.seeing_model import SEEING_KEY, accuracy, ask, build_seeing_model, seeing_card
+from app.demo.shapes import BACKGROUND, Drawn, picture
+from app.domain.conversation import Session, engine_messages, make_turn
+from app.domain.replies import Reply
+from app.engines.manager import EngineManager
+from app.media.loading import VideoDecoderPool
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -39,7 +39,7 @@ def seeing() -> ModelCard:
     """The model this code trains: the committed weights while they carry the stamp of this
     training code and data generator (`static/seeing-model/seeing.json`), else trained again
     here (cached between runs on one machine), so a change to the training is tested."""
-    from app.demo import SEEING_FOLDER, default_demo_dir
+    from app.demo.models import SEEING_FOLDER, default_demo_dir
 
     qwen2_vl = load_cards()["qwen2_vl"]
     return seeing_card(qwen2_vl, build_seeing_model(default_demo_dir(), qwen2_vl, committed=SEEING_FOLDER))
@@ -47,8 +47,8 @@ def seeing() -> ModelCard:
 
 @pytest.fixture(scope="module")
 def manager(loop, seeing: ModelCard) -> Iterator[EngineManager]:
-    from app.demo import SEEING_FOLDER
-    from app.vllm_engine import VllmEngineFactory
+    from app.demo.models import SEEING_FOLDER
+    from app.engines.vllm_engine import VllmEngineFactory
 
     committed = seeing_card(load_cards()["qwen2_vl"], SEEING_FOLDER).model_copy(update={"key": COMMITTED})
     settings = Settings(gpu_count=0, cpu_kv_cache_bytes=64 * 2**20, idle_unload_s=0, max_resident=1)

@@ -11,8 +11,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.conversation import SESSION_FOLDER_PREFIX, SESSION_FOLDER_ROOT, Session
-from app.sessions import SessionStore
+from app.domain.conversation import SESSION_FOLDER_PREFIX, SESSION_FOLDER_ROOT, Session
+from app.domain.sessions import SessionStore
 
 GRACE_S, TTL_S = 30.0, 600.0
 
@@ -137,7 +137,7 @@ def test_another_live_app_processs_folders_are_left_to_it_and_a_dead_ones_are_sw
 def test_an_upload_gone_before_sending_is_one_line_to_attach_it_again(tmp_path: Path):
     import pytest
 
-    from app.conversation import ConversationError
+    from app.domain.conversation import ConversationError
 
     session = Session()
     with pytest.raises(ConversationError, match=r"^photo\.png is no longer on the server.*attach it again"):
@@ -153,8 +153,8 @@ def test_a_tab_running_an_uploaded_set_keeps_its_files_however_old_and_they_go_w
     import tempfile
     import zipfile
 
-    from app.grid import GridWork
-    from app.promptsets import Checked, read_set
+    from app.domain.grid import GridWork
+    from app.domain.promptsets import Checked, read_set
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the app makes its folders
     clock = Clock()

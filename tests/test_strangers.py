@@ -19,11 +19,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
-from app.cards import ModelCard
+from app.catalog.cards import ModelCard
 from app.config import Settings
-from app.conversation import Turn
-from app.engine import EngineManager
-from app.history import (
+from app.domain.conversation import Turn
+from app.domain.replies import Reply
+from app.domain.sessions import SessionStore, Visit
+from app.engines.manager import EngineManager
+from app.engines.vllm_engine import VllmEngineFactory
+from app.media.loading import VideoDecoderPool
+from app.storage.history import (
     IMPORT_LIMITS,
     ConversationRecord,
     Export,
@@ -37,16 +41,12 @@ from app.history import (
     new_id,
     sqlite_url,
 )
-from app.media import VideoDecoderPool
-from app.replies import Reply
-from app.sessions import SessionStore, Visit
 from app.views import Playground
 from app.views.chat import ChatView
 from app.views.compare import CompareView
 from app.views.grid import GridView
 from app.views.history import HistoryView
 from app.views.page import Page
-from app.vllm_engine import VllmEngineFactory
 
 
 @pytest.fixture(scope="module")

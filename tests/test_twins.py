@@ -20,10 +20,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.cards import ModelCard, load_cards
-from app.engine import EngineError, EngineManager, SamplingSettings, StreamEnd
-from app.twins import TWIN_BUILDERS, build_twin, twin_cases, twin_settings, why_no_twin
-from app.vllm_engine import VllmEngineFactory
+from app.catalog.cards import ModelCard, load_cards
+from app.demo.twins import TWIN_BUILDERS, build_twin, twin_cases, twin_settings, why_no_twin
+from app.engines.base import EngineError, SamplingSettings, StreamEnd
+from app.engines.manager import EngineManager
+from app.engines.vllm_engine import VllmEngineFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -84,7 +85,7 @@ REAL = {
         "Idefics3ImageProcessor",
     ),
 }
-# The other groups' classes, one module per group of app.twins (tests/twin_facts_*.py).
+# The other groups' classes, one module per group of app.demo.twins (tests/twin_facts_*.py).
 for _facts in sorted(Path(__file__).parent.glob("twin_facts_*.py")):
     REAL.update(importlib.import_module(_facts.stem).REAL)
 
@@ -193,7 +194,7 @@ def test_every_catalog_card_has_a_twin_or_a_reason():
     supported = {key for key, card in CARDS.items() if card.architecture in archs}
     assert set(TWIN_BUILDERS) <= supported
     # 36 of the 50 supported cards; the other 14 need their repository's code or FP8 kernels this
-    # CPU lacks (their reasons, README). Fewer is a regression.
+    # CPU lacks (their reasons, docs/CATALOG.md). Fewer is a regression.
     assert len(TWIN_BUILDERS) >= 36, f"{len(TWIN_BUILDERS)} of {len(supported)} supported cards have twins"
     for key in supported - set(TWIN_BUILDERS):
         assert why_no_twin[key], key
@@ -258,7 +259,7 @@ def test_twin_answers_a_video_where_the_card_takes_one(request, loop, twin, clip
         pytest.skip(f"{key} takes no video")
     if key in VIDEO_DEFECTS:
         request.applymarker(pytest.mark.xfail(raises=EngineError, strict=True, reason=VIDEO_DEFECTS[key]))
-    from app.media import load_video
+    from app.media.loading import load_video
 
     video = load_video(clip, num_frames=card.video_frames)
     text_only = loop.run(answer(manager, key, ask("What happens?")))
@@ -271,7 +272,7 @@ def first_question(card: ModelCard, clip: Path) -> list[dict[str, Any]]:
     """A first user turn with one image, or one video for a card that takes no images."""
     if "image" in card.modalities:
         return ask("What is in this image?", picture(1))
-    from app.media import load_video
+    from app.media.loading import load_video
 
     return ask("What happens?", video=load_video(clip, num_frames=card.video_frames))
 

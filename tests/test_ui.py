@@ -28,17 +28,18 @@ from PIL import Image
 from playwright.sync_api import Browser, Page, sync_playwright
 from ports import free_port
 
-from app.cards import ModelCard, load_cards
+from app.catalog.cards import ModelCard, load_cards
 from app.config import Settings
-from app.demo import SEEING_FOLDER
-from app.engine import EngineManager, SamplingSettings
-from app.history import History, sqlite_url
-from app.media import VideoDecoderPool
-from app.seeing_model import SEEING_KEY, seeing_card
-from app.shapes import Drawn, picture
+from app.demo.models import SEEING_FOLDER
+from app.demo.seeing_model import SEEING_KEY, seeing_card
+from app.demo.shapes import Drawn, picture
+from app.engines.base import SamplingSettings
+from app.engines.manager import EngineManager
+from app.engines.vllm_engine import VllmEngineFactory
+from app.media.loading import VideoDecoderPool
+from app.storage.history import History, sqlite_url
 from app.views import Playground, build, launch
 from app.views.chat import WAITING
-from app.vllm_engine import VllmEngineFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -839,7 +840,7 @@ def test_the_history_sidebar_keeps_reopens_exports_and_deletes_conversations(
 
 def expire(history: Any, digest: str) -> None:
     """The history's retention passing for one file (the others, other tests', stay)."""
-    from app.history import MediaRow
+    from app.storage.history import MediaRow
 
     with history.session() as session:
         row = session.get(MediaRow, digest)
@@ -1045,7 +1046,7 @@ DOCUMENT_ANSWER = (
 def test_an_ocr_answer_renders_its_table_latex_and_code_and_copies_as_written(
     page: Page, served: tuple[Playground, str, RecordingFactory]
 ):
-    from app.history import ConversationRecord, ReplyRecord, TurnRecord, new_id
+    from app.storage.history import ConversationRecord, ReplyRecord, TurnRecord, new_id
 
     history = served[0].history
     assert history is not None

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from app.cards import load_cards
+from app.catalog.cards import load_cards
 from app.config import Settings
-from app.vllm_engine import VllmEngineFactory, explain_build_error
+from app.engines.vllm_engine import VllmEngineFactory, explain_build_error
 
 CARDS = load_cards()
 
@@ -77,7 +77,7 @@ def test_build_errors_read_as_one_actionable_line_without_paths():
 
 
 def test_a_cards_sampling_defaults_are_the_models_defaults_and_the_user_still_decides():
-    from app.engine import SamplingSettings, card_sampling
+    from app.engines.base import SamplingSettings, card_sampling
 
     ocr = CARDS["deepseek_ocr"]
     defaults = card_sampling(ocr)

@@ -1,4 +1,4 @@
-"""The real models' classes for app.twins.internvl: architecture, config model_type, processor,
+"""The real models' classes for app.demo.twins.internvl: architecture, config model_type, processor,
 image processor (None, None where vLLM carries the processor itself).
 
 The original-format models name no processor: vLLM builds InternVLProcessor, H2OVLProcessor or

@@ -1,4 +1,4 @@
-"""The real models' classes for app.twins.native_more: architecture, config model_type, processor,
+"""The real models' classes for app.demo.twins.native_more: architecture, config model_type, processor,
 image processor (None, None where vLLM carries the processor itself). Image processors are named
 as transformers 5 loads them (a `...Fast` name in an older preprocessor_config.json loads as the
 class without the suffix)."""

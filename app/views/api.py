@@ -7,8 +7,8 @@ from typing import Any
 
 import gradio as gr
 
-from app.conversation import Session
-from app.sessions import Visit
+from app.domain.conversation import Session
+from app.domain.sessions import Visit
 from app.views.chat import ChatView
 from app.views.services import WARNING
 

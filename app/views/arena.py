@@ -1,6 +1,6 @@
 """The arena tab: a blind battle. Two models drawn from the operator's pool answer each message
 side by side as A and B; the user talks with both for as many turns as they like, votes, and
-only then sees the names. Votes go to the database (`app.history`) for the leaderboard.
+only then sees the names. Votes go to the database (`app.storage.history`) for the leaderboard.
 
 Every handler takes the tab's `Visit` and changes only its `arena` session and `battle`.
 """
@@ -17,8 +17,9 @@ from typing import Any
 
 import gradio as gr
 
-from app import compare
-from app.arena import (
+from app.catalog.cards import ModelCard
+from app.domain import compare
+from app.domain.arena import (
     BLIND_FAILURE,
     BLIND_REFUSAL,
     SIDES,
@@ -32,14 +33,13 @@ from app.arena import (
     draw_pair,
     modality_of,
 )
-from app.cards import ModelCard
-from app.compare import Comparison
-from app.conversation import ConversationError, Session, Turn, check_media, make_turn, user_message
-from app.engine import SamplingSettings
-from app.history import History, VoteRecord
-from app.leaderboard import OUTCOMES, Outcome
-from app.replies import Reply
-from app.sessions import Visit
+from app.domain.compare import Comparison
+from app.domain.conversation import ConversationError, Session, Turn, check_media, make_turn, user_message
+from app.domain.replies import Reply
+from app.domain.sessions import Visit
+from app.engines.base import SamplingSettings
+from app.storage.history import History, VoteRecord
+from app.storage.votes import OUTCOMES, Outcome
 from app.views.chat import NO_VISIT, PRIVATE
 from app.views.services import WARNING, Playground
 from app.views.widgets import box_idle, box_streaming, message_box

@@ -1,7 +1,7 @@
 """The chat tab: one model, a conversation of several turns with images or a video.
 
 Each answer is labelled with its model and speed, and opens to the exact prompt the engine got.
-Every handler takes the tab's `Visit` (`app.sessions`) and changes only its `chat` session.
+Every handler takes the tab's `Visit` (`app.domain.sessions`) and changes only its `chat` session.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from typing import Any
 
 import gradio as gr
 
-from app.cards import ModelCard
-from app.compare import fenced
-from app.conversation import (
+from app.catalog.cards import ModelCard
+from app.demo.seeing_model import SEEING_KEY
+from app.domain.compare import fenced
+from app.domain.conversation import (
     ConversationError,
     GoneFile,
     Session,
@@ -22,10 +23,9 @@ from app.conversation import (
     check_media,
     make_turn,
 )
-from app.engine import SamplingSettings, card_sampling
-from app.replies import Reply
-from app.seeing_model import SEEING_KEY
-from app.sessions import Visit
+from app.domain.replies import Reply
+from app.domain.sessions import Visit
+from app.engines.base import SamplingSettings, card_sampling
 from app.views.services import Playground, page_max_tokens, refusal
 from app.views.widgets import (
     LATEX_DELIMITERS,

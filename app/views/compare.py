@@ -1,6 +1,6 @@
 """The compare tab: one message answered by two to four models side by side, then exported.
 
-Every handler takes the tab's `Visit` (`app.sessions`) and changes only its `compare` session.
+Every handler takes the tab's `Visit` (`app.domain.sessions`) and changes only its `compare` session.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from typing import Any
 
 import gradio as gr
 
-from app import compare
-from app.cards import ModelCard
-from app.compare import Comparison
-from app.conversation import ConversationError, Session, check_media, make_turn
-from app.replies import Reply
-from app.sessions import Visit
+from app.catalog.cards import ModelCard
+from app.domain import compare
+from app.domain.compare import Comparison
+from app.domain.conversation import ConversationError, Session, check_media, make_turn
+from app.domain.replies import Reply
+from app.domain.sessions import Visit
 from app.views.chat import NO_VISIT, PRIVATE
 from app.views.services import WARNING, Playground, refusal, within_page_bounds
 from app.views.widgets import (

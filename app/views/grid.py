@@ -1,7 +1,7 @@
 """The grid tab: a prompt set (uploaded, or built in) run across 2 to 8 models into a grid of
 answers, with progress, stop and resume, exports, and a place in the history.
 
-Every handler takes the tab's `Visit` and changes only its `grid` (`app.grid.GridWork`).
+Every handler takes the tab's `Visit` and changes only its `grid` (`app.domain.grid.GridWork`).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Any
 
 import gradio as gr
 
-from app import grid
-from app.conversation import SESSION_FOLDER_PREFIX, ConversationError, user_message
-from app.engine import SamplingSettings
-from app.grid import GridRun, GridWork
-from app.history import History
-from app.promptsets import PromptSet, PromptSetError, check_set, example_sets, read_set
-from app.sessions import Visit
+from app.domain import grid
+from app.domain.conversation import SESSION_FOLDER_PREFIX, ConversationError, user_message
+from app.domain.grid import GridRun, GridWork
+from app.domain.promptsets import PromptSet, PromptSetError, check_set, example_sets, read_set
+from app.domain.sessions import Visit
+from app.engines.base import SamplingSettings
+from app.storage.history import History
 from app.views.chat import NO_VISIT, PRIVATE
 from app.views.services import WARNING, Playground
 

@@ -18,11 +18,15 @@ from typing import Any
 
 import gradio as gr
 
-from app.compare import Comparison
-from app.conversation import SESSION_FOLDER_PREFIX, GoneFile, Session, Turn, is_video, save_thumbnails
-from app.engine import SamplingSettings
-from app.grid import GridWork, from_record, thumbnails
-from app.history import (
+from app.domain.compare import Comparison
+from app.domain.conversation import SESSION_FOLDER_PREFIX, GoneFile, Session, Turn, is_video, save_thumbnails
+from app.domain.grid import GridWork, from_record, thumbnails
+from app.domain.promptsets import PromptSet, check_set
+from app.domain.replies import Reply, reply_record, stored_reply
+from app.domain.sessions import Visit
+from app.engines.base import SamplingSettings
+from app.media.loading import MediaError
+from app.storage.history import (
     ConversationRecord,
     History,
     HistoryError,
@@ -32,13 +36,7 @@ from app.history import (
     Summary,
     TurnRecord,
     describe_media,
-    reply_record,
-    stored_reply,
 )
-from app.media import MediaError
-from app.promptsets import PromptSet, check_set
-from app.replies import Reply
-from app.sessions import Visit
 from app.views.chat import PRIVATE, ChatView, conversation
 from app.views.compare import CompareView, columns_view, sent_view
 from app.views.grid import GridView

@@ -1,5 +1,5 @@
 """The leaderboard tab and its API: the arena's votes as Bradley–Terry scores with bootstrap
-intervals (`app.leaderboard`), for every vote or one modality, exported as CSV and JSON."""
+intervals (`app.domain.leaderboard`), for every vote or one modality, exported as CSV and JSON."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import gradio as gr
 
-from app.history import History
-from app.leaderboard import MIN_VOTES, leaderboard, table, to_csv
+from app.domain.leaderboard import MIN_VOTES, leaderboard, table, to_csv
+from app.storage.history import History
 from app.views.chat import PRIVATE
 from app.views.services import Playground
 

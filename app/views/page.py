@@ -67,7 +67,7 @@ class Page:
         self.api = ChatApi(self.chat)
         self.grid = GridView(playground)
         self.history = HistoryView(playground, self.chat, self.compare, self.grid)
-        # The arena and its leaderboard keep their votes in the database (`app.history`).
+        # The arena and its leaderboard keep their votes in the database (`app.storage.history`).
         votes = playground.history if playground.settings.arena else None
         self.arena = ArenaView(playground, votes) if votes is not None else None
         self.leaderboard = LeaderboardView(playground, votes) if votes is not None else None

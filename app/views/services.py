@@ -14,16 +14,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app import compare
-from app.cards import ModelCard
+from app.catalog.cards import ModelCard
 from app.config import Settings
-from app.conversation import ConversationError, Session, Turn, check_fits, engine_messages, user_message
-from app.engine import EngineManager, SamplingError, SamplingSettings, card_sampling, sampling_refusal
-from app.grounding import draw_answer_boxes
-from app.history import History
-from app.media import VideoDecoderPool
-from app.replies import Reply, stream_reply
-from app.sessions import SessionStore, Visit
+from app.domain import compare
+from app.domain.conversation import (
+    ConversationError,
+    Session,
+    Turn,
+    check_fits,
+    engine_messages,
+    user_message,
+)
+from app.domain.replies import Reply, stream_reply
+from app.domain.sessions import SessionStore, Visit
+from app.engines.base import SamplingError, SamplingSettings, card_sampling, sampling_refusal
+from app.engines.manager import EngineManager
+from app.media.grounding import draw_answer_boxes
+from app.media.loading import VideoDecoderPool
+from app.storage.history import History
 from app.views.identity import Identity, signing_key
 
 log = logging.getLogger(__name__)
@@ -56,7 +64,7 @@ class Playground:
         history: History | None = None,
     ) -> None:
         self.manager = manager
-        # Stored conversations (`app.history`); None when the operator turned history off.
+        # Stored conversations (`app.storage.history`); None when the operator turned history off.
         self.history = history
         self.settings = settings
         self.decoder = decoder

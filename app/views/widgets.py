@@ -7,8 +7,8 @@ from typing import Any
 
 import gradio as gr
 
-from app.cards import ModelCard
-from app.engine import SamplingSettings, card_sampling
+from app.catalog.cards import ModelCard
+from app.engines.base import SamplingSettings, card_sampling
 from app.views.services import page_max_tokens
 
 STATIC = Path(__file__).resolve().parent.parent.parent / "static"
@@ -81,7 +81,7 @@ def sampling_controls(prefix: str, card: ModelCard | None = None) -> list[Any]:
         ]
 
 
-# Questions the seeing demo model (`app.seeing_model`) answers, on files it never saw: first in
+# Questions the seeing demo model (`app.demo.seeing_model`) answers, on files it never saw: first in
 # the examples where it is offered (a machine without a GPU), so the demo's answers mean something.
 SEEING_EXAMPLES = [
     ("What shape is it?", ["one_shape.png"]),

@@ -1,0 +1,1 @@
+"""The model catalog: strict model cards and the prompt adapters they name."""

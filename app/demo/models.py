@@ -1,0 +1,100 @@
+"""The demo models: random-weight twins of real catalog cards (`app.demo.twins`), so the app runs on a
+machine with no GPU and no weights. Each is the real card (prompt format, media limits, engine
+arguments) served from its twin's folder with vLLM's random weights; the answers are nonsense,
+everything around them is the real model's path. Two prompt formats, so the compare view shows
+two different models.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+from pathlib import Path
+
+from app.catalog.cards import ModelCard, servable_cards
+from app.config import Settings
+from app.demo.seeing_model import SEEING_KEY
+
+# Demo card key -> the catalog card it is a twin of.
+DEMO_TWINS = {"demo_qwen2_vl": "qwen2_vl", "demo_llava": "llava"}
+# The seeing demo model (`app.demo.seeing_model`), trained by `scripts/train_seeing_model.py`; its
+# weights are in the repository (a few MB), so the app starts without training it.
+SEEING_FOLDER = Path(__file__).resolve().parents[2] / "static" / "seeing-model"
+# Every demo model, the one that answers meaningfully first.
+DEMO_MODELS = (SEEING_KEY, *DEMO_TWINS)
+
+
+def default_demo_dir() -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "vlm-playground" / "demo-models"
+
+
+def twin_card(card: ModelCard, folder: Path, key: str | None = None) -> ModelCard:
+    """`card` served from its twin in `folder` with random weights, runnable on the CPU and
+    labelled so: only the key, the names and where the model comes from change."""
+    folder_text = str(folder)
+    args = dict(card.reference_engine_args)
+    args.update({name: folder_text for name, value in args.items() if value == card.hf_repo})
+    fields = card.model_dump()
+    fields.update(
+        key=key or f"demo_{card.key}",
+        display_name=f"{card.display_name}: random-weight twin",
+        family="Demo",
+        hf_repo=folder_text,
+        made_here=f"a random-weight twin of {card.hf_repo}",
+        reference=f"twin of {card.key} ({card.hf_repo}) built by app.demo.twins; {card.reference}",
+        reference_engine_args={**args, "load_format": "dummy"},
+        runs_on_cpu=True,
+        hardware="Runs anywhere, CPU included: a twin of a few MB.",
+        notes=(
+            f"A twin of {card.hf_repo} with random weights: the answers are nonsense. The prompt "
+            "format, media handling and engine are the real model's; it exists to try the app "
+            "without a GPU."
+        ),
+    )
+    return ModelCard.model_validate(fields)
+
+
+def demo_cards(cards: dict[str, ModelCard], root: Path) -> dict[str, ModelCard]:
+    """The demo models' cards: the seeing model, and the twins built into `root` once (about a
+    second each)."""
+    from app.demo.seeing_model import seeing_card
+    from app.demo.twins import build_twin  # transformers is imported only here
+
+    twins = {key: twin_card(cards[of], build_twin(cards[of], root), key) for key, of in DEMO_TWINS.items()}
+    return {SEEING_KEY: seeing_card(cards["qwen2_vl"], SEEING_FOLDER), **twins}
+
+
+def use_local_vllm_environment(scratch: Path, environ: MutableMapping[str, str] = os.environ) -> None:
+    """What the CPU app, the tests and benchmarks run vLLM under; call before importing it.
+    Offline, no usage stats, one engine process per engine instead of two (half the start-up
+    time and memory), and vLLM's sockets and caches in `scratch` instead of `/tmp` and home.
+    `VLLM_CPU_KVCACHE_SPACE` is removed because it overrides each engine's own KV cache size.
+    """
+    environ.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        VLLM_RPC_BASE_PATH=str(scratch),
+        VLLM_CACHE_ROOT=str(scratch / "cache"),
+        TORCHINDUCTOR_CACHE_DIR=str(scratch / "inductor"),
+    )
+    environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+
+
+def with_demo_models(cards: dict[str, ModelCard], settings: Settings) -> dict[str, ModelCard]:
+    """The catalog, plus the demo models (random-weight twins of real cards) where the settings
+    ask for them or where this machine can serve nothing else. Built once into the demo folder."""
+    servable = servable_cards(
+        offered(cards, settings), settings.gpu_count, settings.allow_remote_code, settings.remote_engines
+    )
+    wanted = settings.demo_models if settings.demo_models is not None else not servable
+    if not wanted:
+        return cards
+    return demo_cards(cards, settings.demo_dir or default_demo_dir()) | cards
+
+
+def offered(cards: dict[str, ModelCard], settings: Settings) -> dict[str, ModelCard]:
+    """The cards the operator offers (APP_MODELS; all when empty), the demo models included."""
+    return {k: c for k, c in cards.items() if not settings.models or k in settings.models or k in DEMO_MODELS}

@@ -1,0 +1,1 @@
+"""What users do: chats, compare, the blind arena, prompt-set grids, per-tab sessions."""

@@ -1,0 +1,303 @@
+"""One user's conversation: turns with their files, checked before sending, turned into the
+engine's messages.
+
+Nothing here knows about Gradio: the UI hands over the text and file paths of a message, and
+gets back a `Turn` or a `ConversationError` whose message is meant for the user. A refused
+message leaves the conversation as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from PIL import Image
+
+from app.catalog.adapters import PromptError, get_adapter, to_turns
+from app.catalog.cards import ModelCard
+from app.domain.replies import Reply
+from app.engines.base import EngineError, first_line
+from app.engines.tokens import counter_for, media_tokens
+from app.media.loading import MediaError, VideoClip, VideoDecoderPool, load_image
+
+if TYPE_CHECKING:  # the history's record type only: this module stays free of the database
+    from app.storage.history import MediaRecord
+
+log = logging.getLogger(__name__)
+
+VIDEO_SUFFIXES = {".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi", ".mpeg", ".mpg"}
+THUMBNAIL_SIDE = 160
+# Where no tokenizer is at hand and only the model's chat template renders the prompt: tokens
+# per turn for role markers and template text, and for a default system prompt the template adds.
+TOKENS_PER_TURN = 16
+TEMPLATE_ALLOWANCE = 64
+# Every session folder's name starts with the root, then the id of the process that made it:
+# app processes sharing a temporary folder sweep only their own and dead processes' folders.
+SESSION_FOLDER_ROOT = "vlm-playground-session-"
+SESSION_FOLDER_PREFIX = f"{SESSION_FOLDER_ROOT}{os.getpid()}-"
+
+
+class ConversationError(ValueError):
+    """A message the app refuses before it reaches the engine; the text is meant for the user."""
+
+
+# Errors whose message is written for the user; anything else is a bug, logged, not shown.
+USER_ERRORS = (ConversationError, MediaError, PromptError, EngineError)
+INTERNAL_ERROR = "Something went wrong on the server (it has been logged); please try again."
+
+
+def user_message(error: Exception) -> str:
+    """What the user is told about `error`: its own message when it is one of ours, else a
+    generic line (the details, which may hold paths, go to the log only)."""
+    if isinstance(error, USER_ERRORS):
+        return str(error)
+    log.error("unexpected error", exc_info=error)
+    return INTERNAL_ERROR
+
+
+@dataclass(frozen=True)
+class GoneFile:
+    """A file of a reopened conversation that the server no longer keeps (past the history's
+    retention): shown from its stored thumbnail, never sent to the model, and stored again as it
+    was when the conversation goes on (so its record and thumbnail outlive the follow-up)."""
+
+    medium: MediaRecord  # as the history stored it
+    thumbnail: Path | None  # None where none could be made
+
+
+@dataclass
+class Turn:
+    """One exchange: the user's message (files linked into the session's folder) and the answer."""
+
+    text: str
+    images: list[Path] = field(default_factory=list)
+    video: Path | None = None
+    # Thumbnails of the frames the model sees, with each frame's time in seconds.
+    frames: list[tuple[Path, float]] = field(default_factory=list)
+    # Each file as the user sent it: its name (never a server path), kind and size.
+    media: list[str] = field(default_factory=list)
+    # The name the user gave each kept file (the history stores it, never the server path).
+    names: dict[Path, str] = field(default_factory=dict)
+    # The model's answer and how it went; None until one is asked for.
+    reply: Reply | None = None
+    # A comparison's answers, one per model (the compare tab's turn has these, not `reply`).
+    columns: list[Reply] = field(default_factory=list)
+    # Files of a reopened conversation no longer kept: shown, never sent (see GoneFile).
+    gone: list[GoneFile] = field(default_factory=list)
+
+    @property
+    def files(self) -> list[Path]:
+        """The turn's images, then its video: the order they were sent in."""
+        return [*self.images, *([self.video] if self.video else [])]
+
+    @property
+    def answer(self) -> str:
+        return self.reply.answer if self.reply is not None else ""
+
+
+@dataclass
+class Session:
+    """One browser session's conversation and files. `close()` deletes the files; the UI calls it
+    when the session ends, so one user's uploads are never served to another."""
+
+    turns: list[Turn] = field(default_factory=list)
+    # The conversation's id in the history (`app.storage.history`); a cleared chat starts a new one.
+    conversation_id: str = field(default_factory=lambda: secrets.token_hex(16))
+    # The version of it this tab last stored or reopened (0: never stored): a save from a tab
+    # that missed another tab's save is refused rather than overwriting it.
+    stored_version: int = 0
+    # Set by the stop button; the streaming handler checks it at every event.
+    stop_requested: bool = False
+    _folder: Path | None = None
+
+    @property
+    def folder(self) -> Path:
+        if self._folder is None:
+            self._folder = Path(tempfile.mkdtemp(prefix=SESSION_FOLDER_PREFIX))
+        return self._folder
+
+    def keep(self, path: str | Path) -> Path:
+        """A copy of an uploaded file that lives as long as this session (a hard link when the
+        upload is on the same file system)."""
+        source = Path(path)
+        gone = ConversationError(
+            f"{source.name} is no longer on the server (unsent uploads are kept for a while); "
+            "attach it again."
+        )
+        if not source.is_file():  # gone, or never a file (a folder, through the API)
+            raise gone
+        target = self.folder / f"{len(list(self.folder.iterdir())):04d}{source.suffix.lower()}"
+        try:
+            os.link(source, target)
+        except FileNotFoundError:
+            raise gone from None
+        except OSError:
+            shutil.copyfile(source, target)
+        return target
+
+    def close(self) -> None:
+        """Deletes the conversation and its folder: the session's own copies of what it sent.
+        The uploads themselves are not the session's to delete: Gradio keeps identical uploads of
+        every tab at one path (a folder named by the content's hash), and the examples' files are
+        shared by everyone; Gradio's own sweep (`delete_cache`) removes old uploads."""
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+        self.turns.clear()
+        self.conversation_id = secrets.token_hex(16)
+        self.stored_version = 0
+
+
+def is_video(path: str | Path) -> bool:
+    return Path(path).suffix.lower() in VIDEO_SUFFIXES
+
+
+def check_media(card: ModelCard, turns: Sequence[Turn], files: Sequence[str]) -> None:
+    """Refuses media this model cannot take, counting what the conversation already holds."""
+    videos = [f for f in files if is_video(f)]
+    images = [f for f in files if not is_video(f)]
+    limits = card.media_limits
+    for kind, new in (("image", images), ("video", videos)):
+        if not new:
+            continue
+        if kind not in card.modalities:
+            raise ConversationError(f"{card.display_name} does not take {kind}s; it takes {_takes(card)}.")
+        held = sum(len(t.images) if kind == "image" else t.video is not None for t in turns)
+        limit = limits.get(kind, 0)
+        if held + len(new) > limit:
+            already = f" (the conversation already has {held})" if held else ""
+            raise ConversationError(
+                f"{card.display_name} takes at most {limit} {kind}{'s' if limit != 1 else ''} per "
+                f"conversation{already}. Clear the chat to start over with new files."
+            )
+
+
+def _takes(card: ModelCard) -> str:
+    return " and ".join(f"{m}s" for m in card.modalities)
+
+
+async def make_turn(
+    session: Session, text: str, files: Sequence[str], decoder: VideoDecoderPool, video_frames: int
+) -> tuple[Turn, VideoClip | None]:
+    """Keeps and loads a new message's files (after `check_media`); raises `MediaError` for a
+    file that cannot be used, or `ConversationError` for an empty message."""
+    if not text.strip() and not files:
+        raise ConversationError("Write a message or add a file first.")
+    turn = Turn(text=text)
+    clip = None
+    for upload in files:
+        kept = session.keep(upload)
+        turn.names[kept] = Path(upload).name
+        size = f"{kept.stat().st_size / 1024:,.0f} KB"
+        if is_video(kept):
+            clip = await asyncio.to_thread(decoder.decode, kept, video_frames)
+            turn.video = kept
+            turn.frames = save_thumbnails(clip, session.folder / f"{kept.stem}-frames")
+            count, height, width = clip.frames.shape[:3]
+            span = f" from {clip.timestamps[0]:.1f} s to {clip.timestamps[-1]:.1f} s" if count else ""
+            turn.media.append(
+                f"{Path(upload).name}: video, {size}, {count} frames of {width}×{height} px{span}"
+            )
+        else:
+            # Loaded now to refuse a bad image before the answer starts, not during it.
+            image = await asyncio.to_thread(load_image, kept)
+            turn.images.append(kept)
+            turn.media.append(f"{Path(upload).name}: image, {size}, {image.width}×{image.height} px")
+    return turn, clip
+
+
+def save_thumbnails(clip: VideoClip, folder: Path) -> list[tuple[Path, float]]:
+    folder.mkdir(parents=True, exist_ok=True)
+    thumbnails = []
+    for index, (frame, seconds) in enumerate(zip(clip.frames, clip.timestamps, strict=True)):
+        image = Image.fromarray(frame)
+        image.thumbnail((THUMBNAIL_SIDE, THUMBNAIL_SIDE))
+        path = folder / f"{index:02d}.jpg"
+        image.save(path, quality=80)
+        thumbnails.append((path, float(seconds)))
+    return thumbnails
+
+
+async def engine_messages(
+    turns: Sequence[Turn],
+    system: str | None,
+    decoder: VideoDecoderPool,
+    video_frames: int,
+    clips: dict[Path, VideoClip] | None = None,
+) -> list[dict[str, Any]]:
+    """The conversation in the engine's message shape; the last turn is the one to answer.
+    `clips` holds videos already decoded for this send."""
+    clips = dict(clips or {})
+    system = (system or "").strip()
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    for position, turn in enumerate(turns):
+        parts: list[dict[str, Any]] = []
+        for path in turn.images:
+            parts.append({"type": "image", "image": await asyncio.to_thread(load_image, path)})
+        if turn.video is not None:
+            if turn.video not in clips:
+                clips[turn.video] = await asyncio.to_thread(decoder.decode, turn.video, video_frames)
+            parts.append({"type": "video", "video": clips[turn.video]})
+        parts.append({"type": "text", "text": turn.text})
+        messages.append({"role": "user", "content": parts})
+        if position < len(turns) - 1:
+            messages.append({"role": "assistant", "content": turn.answer})
+    return messages
+
+
+def estimate_prompt_tokens(card: ModelCard, messages: Sequence[dict[str, Any]]) -> int:
+    """The prompt's size in tokens: counted with the model's tokenizer where it is on this
+    machine (the prompt rendered as the engine renders it, plus the card's visual-token rule for
+    images and video frames), else a bound the prompt never exceeds in text tokens."""
+    counter = counter_for(card)
+    if counter is not None:
+        try:
+            return counter.count(messages)
+        except PromptError:
+            raise
+        except Exception as error:
+            log.warning("counting %s's prompt failed (%s); estimating it", card.key, first_line(error)[:200])
+    return upper_bound_tokens(card, messages)
+
+
+def upper_bound_tokens(card: ModelCard, messages: Sequence[dict[str, Any]]) -> int:
+    """A prompt size no tokenizer exceeds for the text: one token per byte of UTF-8 (byte-level
+    tokenizers never make more; the others fall back to bytes) of the prompt as the card's format
+    renders it, plus a start token; the card's visual-token rule for media. A prompt that only
+    the model's own chat template renders gets its messages' bytes and an allowance per turn."""
+    turns = to_turns(messages)
+    if card.adapter == "format":
+        try:
+            prompt, images, videos = get_adapter(card.adapter).render(card.prompt_spec, turns, None)
+            return len(prompt.encode("utf-8")) + 1 + media_tokens(card, images, videos)
+        except PromptError:
+            pass  # the engine says why (a system prompt the format has not, ...)
+    total = TEMPLATE_ALLOWANCE
+    for turn in turns:
+        total += TOKENS_PER_TURN + len(turn.text.encode("utf-8"))
+    images = [image for turn in turns for image in turn.images]
+    videos = [video for turn in turns for video in turn.videos]
+    return total + media_tokens(card, images, videos)
+
+
+def check_fits(card: ModelCard, messages: Sequence[dict[str, Any]]) -> int:
+    """The prompt's size (see `estimate_prompt_tokens`); refuses a prompt that will not fit the
+    model's context, with a line that says what to change."""
+    estimate = estimate_prompt_tokens(card, messages)
+    limit = card.max_model_len
+    if limit is not None and estimate >= limit:
+        exact = counter_for(card) is not None
+        raise ConversationError(
+            f"This message would make a prompt of {'' if exact else 'up to '}{estimate:,} tokens; "
+            f"{card.display_name} takes at most {limit:,} (prompt plus answer): shorten the text, "
+            "send fewer or smaller files, or start a new chat."
+        )
+    return estimate

@@ -1,0 +1,1 @@
+"""Engines and their manager: the scheduler's policy, memory shares, vLLM and remote engines."""

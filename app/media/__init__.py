@@ -1,0 +1,1 @@
+"""Pictures and videos: loading, decoding in a worker, boxes drawn on pictures."""
