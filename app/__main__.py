@@ -91,6 +91,18 @@ def default_model(cards: dict[str, ModelCard], settings: Settings) -> str | None
     return next(iter(preferred or servable), None)
 
 
+def reach_from_elsewhere(settings: Settings) -> str | None:
+    """How to open a page that listens on loopback from another machine (a GPU box reached from
+    a laptop shows nothing otherwise), or None where it listens on the network already."""
+    if settings.host not in ("127.0.0.1", "localhost", "::1"):
+        return None
+    port = settings.port
+    return (
+        f"From another machine: ssh -L {port}:127.0.0.1:{port} {socket.gethostname()}, then open "
+        f"http://127.0.0.1:{port} there; or listen on the network with --host 0.0.0.0 (APP_HOST)."
+    )
+
+
 def serve(cards: dict[str, ModelCard], settings: Settings, history: History | None = None) -> int:
     """Builds the manager and the page, and serves until interrupted."""
     from app.engines.manager import EngineManager
@@ -110,6 +122,8 @@ def serve(cards: dict[str, ModelCard], settings: Settings, history: History | No
     print(
         f"VLM Playground on http://{settings.host}:{settings.port} (default model: {settings.default_model})"
     )
+    if (reach := reach_from_elsewhere(settings)) is not None:
+        print(reach)
     demo = None
     engines_stopped = False
     try:
@@ -154,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m app", description=__doc__, epilog=EVAL_HELP)
     parser.add_argument("--list", action="store_true", help="print the catalog and exit")
     parser.add_argument("--available", action="store_true", help="with --list: only servable models")
-    parser.add_argument("--markdown", action="store_true", help="with --list: the catalog table of docs/CATALOG.md")
+    parser.add_argument(
+        "--markdown", action="store_true", help="with --list: the catalog table of docs/CATALOG.md"
+    )
     add_flags(parser)
     args = parser.parse_args(argv)
     try:

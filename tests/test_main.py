@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import re
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from ports import free_port
 
-from app.__main__ import catalog_markdown, default_model
+from app.__main__ import catalog_markdown, default_model, reach_from_elsewhere
 from app.catalog.cards import CARDS_DIR, load_cards
 from app.config import Settings, env_name, flag_name
 from app.demo.models import DEMO_MODELS, DEMO_TWINS, offered, with_demo_models
@@ -142,6 +142,15 @@ def test_the_run_command_serves_the_page_with_labelled_demo_models(tmp_path: Pat
     finally:
         app.terminate()
         app.wait(30)
+    # On loopback, its first lines say how to open it from another machine (a GPU box).
+    output = app.stdout.read()
+    assert f"VLM Playground on http://127.0.0.1:{port}" in output
+    assert f"ssh -L {port}:127.0.0.1:{port} " in output and "--host 0.0.0.0" in output
+
+
+def test_a_page_on_the_network_needs_no_tunnel_line():
+    assert reach_from_elsewhere(Settings(gpu_count=0, host="0.0.0.0")) is None  # noqa: S104
+    assert "ssh -L 7861:127.0.0.1:7861" in reach_from_elsewhere(Settings(gpu_count=0, port=7861))
 
 
 def test_a_history_database_that_cannot_be_opened_stops_the_app_with_one_line(tmp_path: Path):

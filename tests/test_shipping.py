@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import stat
+import subprocess
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = (ROOT / "Dockerfile").read_text(encoding="utf-8")
@@ -38,8 +44,92 @@ def test_the_image_serves_on_7860_as_a_user_with_a_health_check_and_a_cache_volu
     assert "APP_HOST=0.0.0.0" in DOCKERFILE and "APP_PORT=7860" in DOCKERFILE
     assert re.search(r"^HEALTHCHECK .*\n.*127\.0\.0\.1:7860", DOCKERFILE, re.M)
     assert re.search(r'^VOLUME \["/data"\]$', DOCKERFILE, re.M) and "HF_HOME=/data/" in DOCKERFILE
-    for folder in ("app/", "model_cards/", "static/"):
+    for folder in ("app/", "model_cards/", "static/", "bench/"):  # bench/: the GPU check runs in it
         assert f"{folder} {folder}" in DOCKERFILE
-    # The Space's configuration header matches the image.
+    # The Space's configuration header matches the image: port, storage, a GPU to run on.
     header = (ROOT / "README.md").read_text(encoding="utf-8").split("---\n")[1]
     assert "sdk: docker" in header and "app_port: 7860" in header
+    assert re.search(r"^suggested_storage: \S+$", header, re.M)  # the /data volume persists
+    hardware = re.search(r"^suggested_hardware: (\S+)$", header, re.M).group(1)
+    assert not hardware.startswith("cpu")  # the image carries vLLM's CUDA build
+
+
+BASE = json.loads((ROOT / "docker" / "base-image.json").read_text(encoding="utf-8"))
+
+# The account tools a RUN step calls, on a user table (FAKE_PASSWD) as the base image has it:
+# useradd refuses a uid that is taken, as the real one does ("UID 1000 is not unique").
+ACCOUNT_TOOLS = {
+    "getent": r"""#!/bin/bash
+awk -F: -v key="$2" '$1 == key || $3 == key' "$FAKE_PASSWD" | grep . || exit 2
+""",
+    "userdel": r"""#!/bin/bash
+name="${@: -1}"
+grep -q "^$name:" "$FAKE_PASSWD" || { echo "userdel: user '$name' does not exist" >&2; exit 6; }
+grep -v "^$name:" "$FAKE_PASSWD" > "$FAKE_PASSWD.new"; mv "$FAKE_PASSWD.new" "$FAKE_PASSWD"
+""",
+    "useradd": r"""#!/bin/bash
+uid=""; name="${@: -1}"
+while [ $# -gt 1 ]; do [ "$1" = "--uid" ] && uid="$2"; shift; done
+if awk -F: -v id="$uid" '$3 == id {found=1} END {exit !found}' "$FAKE_PASSWD"; then
+  echo "useradd: UID $uid is not unique" >&2; exit 4
+fi
+grep -q "^$name:" "$FAKE_PASSWD" && { echo "useradd: user '$name' already exists" >&2; exit 9; }
+echo "$name:x:$uid:$uid::/home/$name:/bin/bash" >> "$FAKE_PASSWD"
+""",
+    "mkdir": "#!/bin/bash\nexit 0\n",
+    "chown": r"""#!/bin/bash
+owner="${1%%:*}"
+grep -q "^$owner:" "$FAKE_PASSWD" || { echo "chown: invalid user: '$1'" >&2; exit 1; }
+""",
+}
+
+
+def run_instruction(containing: str) -> str:
+    """The Dockerfile's RUN instruction that contains `containing`, as its shell gets it."""
+    joined = re.sub(r"\\\n\s*", " ", DOCKERFILE)
+    (step,) = [line[4:] for line in joined.splitlines() if line.startswith("RUN ") and containing in line]
+    return step
+
+
+@pytest.mark.parametrize("base", ["current", "earlier"])
+def test_the_user_step_runs_on_the_base_images_user_table(tmp_path: Path, base: str):
+    """uid 1000 is `ubuntu` on the current base: the image's user step must still end with one
+    user 1000, named `user` (a Space runs as 1000), and owning /data."""
+    table = BASE["passwd"] if base == "current" else BASE["earlier_base"]["passwd"]
+    passwd = tmp_path / "passwd"
+    passwd.write_text("\n".join(table) + "\n")
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name, text in ACCOUNT_TOOLS.items():
+        (tools / name).write_text(text)
+        (tools / name).chmod(stat.S_IRWXU)
+    shell = re.search(r'^SHELL \["([^"]+)", (.*)\]$', DOCKERFILE, re.M)
+    flags = json.loads(f"[{shell.group(2)}]")
+    env = {"PATH": f"{tools}:/usr/bin:/bin", "FAKE_PASSWD": str(passwd)}
+    result = subprocess.run(
+        [shutil.which("bash"), *flags[:-1], flags[-1], run_instruction("useradd")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    users = [line.split(":") for line in passwd.read_text().splitlines()]
+    assert [u[0] for u in users if u[2] == "1000"] == ["user"]
+    assert len({u[2] for u in users}) == len(users)  # no uid twice
+
+
+def test_the_image_runs_the_python_the_base_has():
+    version = tuple(int(part) for part in BASE["python3"].split("."))
+    needed = re.search(r'requires-python = ">=(\d+)\.(\d+)"', (ROOT / "pyproject.toml").read_text())
+    assert version >= tuple(int(part) for part in needed.groups())
+    entrypoint = json.loads(re.search(r"^ENTRYPOINT (.*)$", DOCKERFILE, re.M).group(1))
+    assert entrypoint[0] == "python3"
+    install = run_instruction("pip install")
+    assert (
+        install.startswith("PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip")
+        or not BASE["python3_externally_managed"]
+    )
+    # The app's folder is in the home the user step makes, and the user owns it and /data.
+    assert re.search(r"^WORKDIR /home/user/app$", DOCKERFILE, re.M)
+    assert "chown user:user /data /home/user/app" in run_instruction("useradd")

@@ -62,7 +62,8 @@ def twin_cases(card: ModelCard) -> list[str]:
 
 
 def twin_status(card: ModelCard) -> str:
-    """The catalog table's cell (docs/CATALOG.md): what the card's twin verified on the real engine, or why no twin."""
+    """The catalog table's cell (docs/CATALOG.md): what the card's twin verified on the real
+    engine, or why it has none."""
     if card.key in TWIN_BUILDERS:
         return "verified: " + ", ".join(twin_cases(card))
     return "no twin: " + why_no_twin.get(card.key, "no twin builder is written for it yet")
