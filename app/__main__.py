@@ -52,7 +52,10 @@ def catalog_rows(cards: dict[str, ModelCard], settings: Settings) -> list[tuple[
         availability = card.availability(
             settings.gpu_count, settings.allow_remote_code, card.key in settings.remote_engines
         )
-        media = ", ".join(card.modalities) + (" (several images)" if card.multi_image else "")
+        several = card.media_limits.get("image", 0) > 1
+        media = ", ".join(card.modalities) + (
+            f" ({card.media_limits['image']} images a prompt)" if several else ""
+        )
         status = "yes" if availability.available else f"no: {availability.reason}"
         # A twin's folder is a path on this server: named by the repository it copies.
         repository = card.source if card.made_here else card.hf_repo

@@ -315,7 +315,7 @@ def test_string_content_means_text_only():
             "no system prompt",
         ),
         ("llava", [user("Hi", ("video", "v"))], "does not take videos"),
-        ("qwen2_5_vl", [user("Hi", ("image", "a"), ("image", "b"))], "at most 1 image"),
+        ("paligemma", [user("Hi", ("image", "a"), ("image", "b"))], "at most 1 image"),
         ("qwen2_5_vl", [user("Hi"), {"role": "assistant", "content": "Yes"}], "must end with a user message"),
         ("qwen2_5_vl", [], "empty"),
         ("qwen2_5_vl", [{"role": "robot", "content": "x"}], "role 'robot'"),

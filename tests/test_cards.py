@@ -20,7 +20,7 @@ def test_load_cards_defaults_to_the_project_folder_and_keys_by_file_name():
     assert card.hf_repo == "Qwen/Qwen2.5-VL-3B-Instruct"
     assert card.modalities == ["image", "video"]
     assert card.engine_args["model"] == card.hf_repo
-    assert card.engine_args["limit_mm_per_prompt"] == {"image": 1, "video": 1}
+    assert card.engine_args["limit_mm_per_prompt"] == {"image": 4, "video": 1}
 
 
 def test_every_card_documents_hardware_and_its_overrides():
@@ -149,3 +149,41 @@ def test_video_cards_sample_the_references_frame_count_within_the_decoders_cap(t
     with pytest.raises(CardError, match=r"qwen2_vl\.yaml: video_frames"):
         load_card(tmp_path / "qwen2_vl.yaml")
     assert VideoLimits().max_frames == 64
+
+
+def vllm_media_limits(architecture: str) -> dict[str, int | None] | None:
+    """What vLLM 0.32's processing of `architecture` takes per prompt (None: any number), read
+    from its own model class; None where it cannot say without the model's config."""
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    model = ModelRegistry._try_load_model_cls(architecture)
+    factories = getattr(model, "_processor_factory", None)
+    if factories is None or not isinstance(factories.info, type):
+        return None
+    try:
+        return factories.info(None).get_supported_mm_limits()
+    except Exception:  # it reads the model's config: not at hand here
+        return None
+
+
+@pytest.mark.vllm
+def test_media_limits_are_what_the_architecture_takes():
+    """Several images a prompt wherever vLLM's model takes several (a chat's follow-up picture
+    must not dead-end), never more than it takes, and each raised limit says why."""
+    checked = 0
+    for key, card in CARDS.items():
+        supported = vllm_media_limits(card.architecture)
+        if supported is None:
+            continue
+        checked += 1
+        for kind, limit in card.media_limits.items():
+            most = supported.get(kind, 0)
+            if most is None and kind == "image":
+                assert limit >= 2, f"{key}: vLLM takes several images; the card takes {limit}"
+            elif most is not None:
+                assert limit <= most, f"{key}: the card takes {limit} {kind}s, vLLM {most}"
+        if card.media_limits.get("image", 0) > card.reference_engine_args.get("limit_mm_per_prompt", {}).get(
+            "image", 0
+        ):
+            assert card.engine_overrides is not None and "images per prompt" in card.engine_overrides.why, key
+    assert checked >= 40

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from PIL import Image
 
-from app.catalog.cards import load_cards
+from app.catalog.cards import ModelCard, load_cards
 from app.demo.models import twin_card
 from app.domain.conversation import (
     INTERNAL_ERROR,
@@ -19,7 +22,11 @@ from app.domain.conversation import (
     check_media,
     engine_messages,
     estimate_prompt_tokens,
+    fitted_prompt,
+    left_out_notice,
     make_turn,
+    over_the_limits,
+    sent_media,
     user_message,
 )
 from app.domain.replies import Reply
@@ -89,17 +96,99 @@ def test_without_a_tokenizer_the_estimate_is_never_below_the_tokenizers_count(tm
         assert estimate_prompt_tokens(TINY, messages) >= exact
 
 
-def test_media_the_model_cannot_take_is_refused_counting_the_whole_conversation():
+def test_a_message_is_refused_only_for_what_it_holds_itself_and_says_what_to_remove():
     image_only = CARDS["blip-2"]
     with pytest.raises(ConversationError, match="does not take videos"):
-        check_media(image_only, [], ["clip.mp4"])
-    with pytest.raises(ConversationError, match="at most 1 image per conversation"):
-        check_media(image_only, [], ["a.png", "b.png"])
-    with pytest.raises(ConversationError, match="already has 1"):
-        check_media(image_only, [Turn("first", images=[Path("a.png")])], ["b.png"])
-    check_media(TINY, [Turn("first", images=[Path("a.png")] * 3)], ["b.png"])
-    with pytest.raises(ConversationError, match="at most 1 video"):
-        check_media(TINY, [Turn("first", video=Path("a.mp4"))], ["b.mp4"])
+        check_media(image_only, ["clip.mp4"])
+    with pytest.raises(ConversationError, match="at most 1 image in one message: remove 1 image") as refused:
+        check_media(image_only, ["a.png", "b.png"])
+    assert "Clear" not in str(refused.value) and "new chat" not in str(refused.value)
+    check_media(image_only, ["b.png"])  # whatever the conversation already holds
+    with pytest.raises(ConversationError, match="at most 1 video in one message"):
+        check_media(TINY, ["a.mp4", "b.mp4"])
+
+
+def with_args(card: ModelCard, **args: Any) -> ModelCard:
+    """`card` with these engine arguments (validated as a card file would be)."""
+    fields = card.model_dump()
+    fields["reference_engine_args"] = {**card.engine_args, **args}
+    fields["engine_overrides"] = None
+    return ModelCard.model_validate(fields)
+
+
+@given(
+    shape=st.lists(st.tuples(st.integers(0, 4), st.booleans()), min_size=1, max_size=6),
+    image_limit=st.integers(1, 4),
+)
+def test_the_oldest_files_past_the_limits_are_left_out_and_the_newest_kept(
+    shape: list[tuple[int, bool]], image_limit: int
+):
+    """Any conversation: what the prompt keeps is within the limits, is the newest of each kind,
+    and always holds the last turn's own files."""
+    card = with_args(TINY, limit_mm_per_prompt={"image": image_limit, "video": 1})
+    turns, number = [], 0
+    for images, video in shape:
+        turn = Turn("t", images=[Path(f"{(number := number + 1)}.png") for _ in range(images)])
+        if video:
+            turn.video = Path(f"{(number := number + 1)}.mp4")
+        turns.append(turn)
+    last = turns[-1]
+    last.images = last.images[:image_limit]
+    left_out = over_the_limits(card, turns)
+    every = [path for turn in turns for path in turn.files]
+    kept = [path for path in every if path not in left_out]
+    assert left_out == [path for path in every if path in left_out]  # oldest first, as sent
+    assert not set(left_out) & set(last.files)
+    for kind, limit in (("png", image_limit), ("mp4", 1)):
+        of_kind = [path for path in every if path.suffix == f".{kind}"]
+        kept_of_kind = [path for path in kept if path.suffix == f".{kind}"]
+        assert len(kept_of_kind) == min(limit, len(of_kind))
+        assert kept_of_kind == of_kind[len(of_kind) - len(kept_of_kind) :]  # the newest
+
+
+def test_a_follow_up_picture_past_the_limit_leaves_the_oldest_out_with_a_marker(decoder: VideoDecoderPool):
+    """A model that takes one picture per prompt: a second picture in a follow-up is answered, the
+    first picture is a marker in its turn's text, and the user is told which one."""
+    one_picture = CARDS["blip-2"]
+    session = Session()
+    first = Turn("what is this?", images=[session.keep(EXAMPLES / "shapes.png")])
+    first.names[first.images[0]] = "shapes.png"
+    first.media.append("shapes.png: image, 10 KB, 320×240 px")
+    first.reply = Reply("blip-2", "BLIP-2", "org/blip", answer="shapes")
+    second = Turn("and this?", images=[session.keep(EXAMPLES / "bar_chart.png")])
+    second.names[second.images[0]] = "bar_chart.png"
+    second.media.append("bar_chart.png: image, 12 KB, 320×240 px")
+    prompt = asyncio.run(fitted_prompt(one_picture, [first, second], None, decoder))
+    assert prompt.left_out == first.images
+    parts = [part for message in prompt.messages for part in message["content"] if isinstance(part, dict)]
+    assert [part["type"] for part in parts] == ["text", "image", "text"]
+    assert parts[0]["text"].startswith("[an earlier picture was here") and parts[0]["text"].endswith(
+        "what is this?"
+    )
+    notice = left_out_notice(one_picture, [first, second], prompt.left_out)
+    assert "no longer sees shapes.png" in notice and "1 image" in notice
+    assert sent_media([first, second], prompt.left_out)[0].endswith("(left out of this prompt)")
+    session.close()
+
+
+def test_pictures_that_would_overflow_the_context_leave_the_oldest_out_first(decoder: VideoDecoderPool):
+    """Within the count but past the context: the oldest pictures go, one at a time, until the
+    prompt fits; when the last message alone cannot fit, the refusal says what to change."""
+    session = Session()
+    turns = []
+    for index in range(3):
+        turn = Turn(f"picture {index}", images=[session.keep(EXAMPLES / "shapes.png")])
+        turn.reply = Reply("demo", "Demo", "org/demo", answer="ok")
+        turns.append(turn)
+    card = with_args(TINY, limit_mm_per_prompt={"image": 4, "video": 1})
+    whole = asyncio.run(fitted_prompt(card, turns, None, decoder))
+    assert whole.left_out == []
+    fitted = asyncio.run(fitted_prompt(with_args(card, max_model_len=whole.size), turns, None, decoder))
+    assert fitted.left_out == turns[0].images and fitted.size < whole.size
+    too_small = with_args(card, max_model_len=8)
+    with pytest.raises(ConversationError, match="shorten the text, send fewer or smaller files"):
+        asyncio.run(fitted_prompt(too_small, turns, None, decoder))
+    session.close()
 
 
 def test_a_turn_keeps_its_files_and_shows_the_frames_the_model_sees(decoder: VideoDecoderPool):

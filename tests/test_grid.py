@@ -165,7 +165,10 @@ def test_checking_lists_missing_broken_and_outside_files_and_each_models_limits(
     assert "item 5 (clip): LLaVA 1.5 7B: random-weight twin does not take videos" in refused
     assert checked.runnable == {SEEING_KEY: ["fine", "clip"], TWIN: ["fine"]}
     assert {("clip", TWIN), ("five", TWIN), ("five", SEEING_KEY)} == set(checked.refused_cells)
-    assert "item 6 (five): Shapes and colours: tiny demo model trained here takes at most 4 images" in refused
+    assert (
+        "item 6 (five): Shapes and colours: tiny demo model trained here takes at most 4 images in one "
+        "message: remove 1 image from the item." in refused
+    )
     assert str(tmp_path) not in refused  # no server path in what the user reads
 
 

@@ -278,17 +278,40 @@ def first_question(card: ModelCard, clip: Path) -> list[dict[str, Any]]:
 
 
 def test_twin_replays_a_multi_turn_chat_with_media(loop, twin, clip):
-    """Media in two turns where the card allows two images, an earlier answer replayed."""
+    """Media in two turns, an earlier answer replayed: three pictures over two turns (two, then
+    one) where the card takes three a prompt, two where it takes two."""
     key, manager, _ = twin
     card = CARDS[key]
-    second = [picture(2)] if card.media_limits.get("image", 0) >= 2 else []
-    first = first_question(card, clip)
+    images = card.media_limits.get("image", 0)
+    second = [picture(3 if images >= 3 else 2)] if images >= 2 else []
+    if images >= 3:
+        first = ask("What is in these images?", picture(1), picture(2))
+    else:
+        first = first_question(card, clip)
     messages = [*first, {"role": "assistant", "content": "A cat on a red chair."}, *ask("And now?", *second)]
     alone = loop.run(answer(manager, key, first))
     end = loop.run(answer(manager, key, messages))
     assert end.completion_tokens == 4
     if card.multi_turn:
         assert end.prompt_tokens > alone.prompt_tokens
+
+
+def test_twin_answers_a_video_after_a_picture_in_one_chat(request, loop, twin, clip):
+    """A chat that mixes them: a picture, its answer, then a clip, in one prompt."""
+    key, manager, _ = twin
+    card = CARDS[key]
+    if "a picture, then a video" not in twin_cases(card):
+        pytest.skip(f"{key} does not take both pictures and videos")
+    if key in VIDEO_DEFECTS:
+        request.applymarker(pytest.mark.xfail(raises=EngineError, strict=True, reason=VIDEO_DEFECTS[key]))
+    from app.media.loading import load_video
+
+    video = load_video(clip, num_frames=card.video_frames)
+    first = ask("What is in this image?", picture(1))
+    messages = [*first, {"role": "assistant", "content": "A cat."}, *ask("And in this clip?", video=video)]
+    end = loop.run(answer(manager, key, messages))
+    assert end.completion_tokens == 4
+    assert end.prompt_tokens > loop.run(answer(manager, key, first)).prompt_tokens
 
 
 def test_twin_takes_a_system_prompt_where_the_format_has_one(loop, twin, clip):

@@ -423,8 +423,8 @@ def _check_limits(card: ModelCard, counts: dict[str, int]) -> None:
         limit = limits.get(modality, 0)
         if count > limit:
             raise PromptError(
-                f"{card.display_name} takes at most {limit} {modality}(s) per conversation here, "
-                f"and this one has {count}. Start a new chat or send fewer {modality}s."
+                f"{card.display_name} takes at most {limit} {modality}(s) per prompt here, "
+                f"and this one has {count}: send fewer {modality}s in one message."
             )
 
 

@@ -14,7 +14,7 @@ import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -160,8 +160,10 @@ def is_video(path: str | Path) -> bool:
     return Path(path).suffix.lower() in VIDEO_SUFFIXES
 
 
-def check_media(card: ModelCard, turns: Sequence[Turn], files: Sequence[str]) -> None:
-    """Refuses media this model cannot take, counting what the conversation already holds."""
+def check_media(card: ModelCard, files: Sequence[str]) -> None:
+    """Refuses a message's media this model cannot take. Only the message's own files count:
+    earlier turns' pictures past the model's limit are left out of the prompt instead
+    (`over_the_limits`), so a follow-up picture never needs a new chat."""
     videos = [f for f in files if is_video(f)]
     images = [f for f in files if not is_video(f)]
     limits = card.media_limits
@@ -170,14 +172,94 @@ def check_media(card: ModelCard, turns: Sequence[Turn], files: Sequence[str]) ->
             continue
         if kind not in card.modalities:
             raise ConversationError(f"{card.display_name} does not take {kind}s; it takes {_takes(card)}.")
-        held = sum(len(t.images) if kind == "image" else t.video is not None for t in turns)
         limit = limits.get(kind, 0)
-        if held + len(new) > limit:
-            already = f" (the conversation already has {held})" if held else ""
+        if len(new) > limit:
             raise ConversationError(
-                f"{card.display_name} takes at most {limit} {kind}{'s' if limit != 1 else ''} per "
-                f"conversation{already}. Clear the chat to start over with new files."
+                f"{card.display_name} takes at most {_count(limit, kind)} in one message: "
+                f"remove {_count(len(new) - limit, kind)} and send again."
             )
+
+
+def _count(number: int, kind: str) -> str:
+    return f"{number} {kind}{'s' if number != 1 else ''}"
+
+
+def over_the_limits(card: ModelCard, turns: Sequence[Turn]) -> list[Path]:
+    """The conversation's files past the model's limits per prompt (vLLM counts every image and
+    video of the prompt, earlier turns' too): the oldest, so that the newest are what it sees.
+    The last turn's own files are within the limits (`check_media`)."""
+    room = dict(card.media_limits)
+    left_out = []
+    for turn in reversed(turns):
+        for path in reversed(turn.files):
+            kind = "video" if is_video(path) else "image"
+            if room.get(kind, 0) > 0:
+                room[kind] -= 1
+            else:
+                left_out.append(path)
+    return left_out[::-1]
+
+
+def left_out_marker(path: Path) -> str:
+    """What the prompt says where a file was left out (the turn's text stays)."""
+    return f"[an earlier {'video' if is_video(path) else 'picture'} was here; it is no longer shown]"
+
+
+@dataclass
+class Prompt:
+    """The engine's messages for a conversation, their size in tokens, and the earlier files left
+    out of them (oldest first) to keep within the model's media limits and context."""
+
+    messages: list[dict[str, Any]]
+    size: int
+    left_out: list[Path] = field(default_factory=list)
+
+
+async def fitted_prompt(
+    card: ModelCard,
+    turns: Sequence[Turn],
+    system: str | None,
+    decoder: VideoDecoderPool,
+    clips: dict[Path, VideoClip] | None = None,
+) -> Prompt:
+    """The conversation as the model can take it: earlier files past its media limits left out,
+    then, while the prompt would not fit its context, the oldest file still in it (never the last
+    turn's). Refuses, in one line, only what leaving files out cannot fix."""
+    left_out = over_the_limits(card, turns)
+    clips = dict(clips or {})  # each video decoded once, however many tries
+    while True:
+        messages = await engine_messages(turns, system, decoder, card.video_frames, clips, left_out)
+        size = estimate_prompt_tokens(card, messages)
+        if card.max_model_len is None or size < card.max_model_len:
+            return Prompt(messages, size, left_out)
+        earlier = [path for turn in turns[:-1] for path in turn.files if path not in left_out]
+        if not earlier:
+            check_fits(card, messages)  # raises: the text, or the last turn's own files, are too long
+            return Prompt(messages, size, left_out)
+        left_out = sorted([*left_out, earlier[0]], key=[p for t in turns for p in t.files].index)
+
+
+def sent_media(turns: Sequence[Turn], left_out: Collection[Path]) -> list[str]:
+    """What the turns sent, as users are told (name, kind, size), the files left out marked."""
+    lines = []
+    for turn in turns:
+        gone = {turn.names.get(path, path.name) for path in turn.files if path in left_out}
+        for line in turn.media:
+            lines.append(f"{line} (left out of this prompt)" if line.split(": ", 1)[0] in gone else line)
+    return lines
+
+
+def left_out_notice(card: ModelCard, turns: Sequence[Turn], left_out: Sequence[Path]) -> str:
+    """The line that tells the user which earlier files the model no longer sees, and why."""
+    if not left_out:
+        return ""
+    names = {path: name for turn in turns for path, name in turn.names.items()}
+    listed = ", ".join(names.get(path, path.name) for path in left_out)
+    limits = " and ".join(_count(limit, kind) for kind, limit in card.media_limits.items())
+    return (
+        f"{card.display_name} no longer sees {listed}: it takes {limits} per prompt, within "
+        f"{card.max_model_len or 'its'} tokens, so the oldest files are left out (their turns' text stays)."
+    )
 
 
 def _takes(card: ModelCard) -> str:
@@ -232,21 +314,25 @@ async def engine_messages(
     decoder: VideoDecoderPool,
     video_frames: int,
     clips: dict[Path, VideoClip] | None = None,
+    left_out: Collection[Path] = (),
 ) -> list[dict[str, Any]]:
     """The conversation in the engine's message shape; the last turn is the one to answer.
-    `clips` holds videos already decoded for this send."""
-    clips = dict(clips or {})
+    `clips` holds videos already decoded for this send (it keeps those decoded here too); the
+    files in `left_out` are a marker in their turn's text instead."""
+    clips = clips if clips is not None else {}
     system = (system or "").strip()
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     for position, turn in enumerate(turns):
         parts: list[dict[str, Any]] = []
+        markers = [left_out_marker(path) for path in turn.files if path in left_out]
         for path in turn.images:
-            parts.append({"type": "image", "image": await asyncio.to_thread(load_image, path)})
-        if turn.video is not None:
+            if path not in left_out:
+                parts.append({"type": "image", "image": await asyncio.to_thread(load_image, path)})
+        if turn.video is not None and turn.video not in left_out:
             if turn.video not in clips:
                 clips[turn.video] = await asyncio.to_thread(decoder.decode, turn.video, video_frames)
             parts.append({"type": "video", "video": clips[turn.video]})
-        parts.append({"type": "text", "text": turn.text})
+        parts.append({"type": "text", "text": "\n".join([*markers, turn.text]) if markers else turn.text})
         messages.append({"role": "user", "content": parts})
         if position < len(turns) - 1:
             messages.append({"role": "assistant", "content": turn.answer})

@@ -280,7 +280,7 @@ async def check_set(prompt_set: PromptSet, cards: Sequence[ModelCard], decoder: 
             continue
         for card in cards:
             try:
-                check_media(card, [], item.media)
+                check_media(card, item.media)
                 if not any(is_video(name) for name in item.media):
                     # The prompt's size, as the chat checks it (a clip's is checked when it runs).
                     images = [prompt_set.path(name) for name in item.media]
@@ -288,7 +288,7 @@ async def check_set(prompt_set: PromptSet, cards: Sequence[ModelCard], decoder: 
                     messages = await engine_messages([turn], None, decoder, card.video_frames)
                     await asyncio.to_thread(check_fits, card, messages)
             except ConversationError as error:
-                reason = str(error).replace(" Clear the chat to start over with new files.", "")
+                reason = str(error).replace(" and send again.", " from the item.")
                 reason = reason.replace("This message would make", "This item would make")
                 checked.refused.append(f"{where}: {reason}")  # the reason names the model
                 checked.refused_cells[(item.id, card.key)] = reason

@@ -84,7 +84,7 @@ class ArenaView:
             cards = [self.playground.servable(key) for key in battle.keys]
             for card in cards:
                 try:
-                    check_media(card, session.turns, files)
+                    check_media(card, files)
                 except ConversationError:
                     raise ArenaError(BLIND_REFUSAL) from None
             turn, clip = await make_turn(session, text, files, self.playground.decoder, cards[0].video_frames)
@@ -104,10 +104,12 @@ class ArenaView:
             # Each side's own earlier answers are replayed to it, never the other side's.
             turns = [replace(t, reply=t.columns[side]) for t in earlier] + [turn]
             same_frames = clip is not None and card.video_frames == cards[0].video_frames
-            messages, _ = await self.playground.prompt_for(
+            # Earlier pictures a side can no longer see are left out silently: a notice would
+            # tell its limits, and so the model, before the vote.
+            prompt = await self.playground.prompt_for(
                 card, turns, "", {turn.video: clip} if same_frames else None
             )
-            return messages
+            return prompt.messages
 
         comparison = Comparison(text, [Path(f).name for f in files], "", SamplingSettings())
         session.turns.append(turn)
@@ -214,7 +216,7 @@ class ArenaView:
         for key in self.pool:
             card = self.playground.choices[key].card
             with contextlib.suppress(ConversationError):
-                check_media(card, [], files)
+                check_media(card, files)
                 takers.append(key)
         if len(takers) < 2:
             what = "this message's files" if files else "a message"

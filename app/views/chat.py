@@ -18,10 +18,13 @@ from app.domain.compare import fenced
 from app.domain.conversation import (
     ConversationError,
     GoneFile,
+    Prompt,
     Session,
     Turn,
     check_media,
+    left_out_notice,
     make_turn,
+    sent_media,
 )
 from app.domain.replies import Reply
 from app.domain.sessions import Visit
@@ -62,17 +65,15 @@ class ChatView:
                 raise ConversationError(NO_VISIT)
             card = self.playground.servable(key)
             sampling = self.playground.sampling(card, *controls)
-            check_media(card, session.turns, files)
+            check_media(card, files)
             turn, clip = await make_turn(session, text, files, self.playground.decoder, card.video_frames)
             clips = {turn.video: clip} if clip else None
-            messages, size = await self.playground.prompt_for(card, [*session.turns, turn], system, clips)
+            prompt = await self.playground.prompt_for(card, [*session.turns, turn], system, clips)
         except Exception as error:
             yield conversation(session), box_idle(value=message), refusal(error), gr.skip()
             return
         session.turns.append(turn)
-        async for update in self.answer(
-            card, session, turn, messages, sampling, size, box_streaming(value=None)
-        ):
+        async for update in self.answer(card, session, turn, prompt, sampling, box_streaming(value=None)):
             yield update
         if turn.reply is not None and turn.reply.state == "failed":
             session.turns.remove(turn)  # the message goes back to the box, to send again
@@ -90,13 +91,13 @@ class ChatView:
         try:
             card = self.playground.servable(key)
             sampling = self.playground.sampling(card, *controls)
-            check_media(card, session.turns[:-1], [str(path) for path in turn.files])
-            messages, size = await self.playground.prompt_for(card, session.turns, system)
+            check_media(card, [str(path) for path in turn.files])
+            prompt = await self.playground.prompt_for(card, session.turns, system)
         except Exception as error:
             yield conversation(session), gr.skip(), refusal(error), gr.skip()
             return
         previous = turn.reply
-        async for update in self.answer(card, session, turn, messages, sampling, size, box_streaming()):
+        async for update in self.answer(card, session, turn, prompt, sampling, box_streaming()):
             yield update
         if turn.reply is not None and turn.reply.state == "failed":
             turn.reply = previous  # the old answer rather than none
@@ -107,20 +108,24 @@ class ChatView:
         card: ModelCard,
         session: Session,
         turn: Turn,
-        messages: list[dict[str, Any]],
+        prompt: Prompt,
         sampling: SamplingSettings,
-        size: int,
         box: gr.MultimodalTextbox,
     ) -> AsyncIterator[tuple[Any, ...]]:
         """Streams `card`'s answer into `turn`. Yields (chat, box, notice, size line); a
         failure ends with its notice and leaves the reply "failed". The stop button closes the
-        stream, which aborts the request in the engine."""
+        stream, which aborts the request in the engine. The notice names the earlier files the
+        model no longer sees."""
         session.stop_requested = False
-        sent = [
-            media for earlier in session.turns[: session.turns.index(turn) + 1] for media in earlier.media
-        ]
-        turn.reply = Reply.of(card, media=sent)
-        yield conversation(session), box, "", size_line(card, size, None)
+        turns = session.turns[: session.turns.index(turn) + 1]
+        turn.reply = Reply.of(card, media=sent_media(turns, prompt.left_out))
+        messages, size = prompt.messages, prompt.size
+        yield (
+            conversation(session),
+            box,
+            left_out_notice(card, turns, prompt.left_out),
+            size_line(card, size, None),
+        )
         try:
             async with contextlib.aclosing(
                 self.playground.reply_stream(card, messages, sampling, turn.reply)
@@ -182,12 +187,13 @@ class ChatView:
             return "Pick a model."
         card = choice.card
         limits = ", ".join(f"{n} {kind}{'s' if n != 1 else ''}" for kind, n in card.media_limits.items())
+        frames = f" · **video frames sampled:** {card.video_frames}" if "video" in card.modalities else ""
         lines = [
             f"### {card.display_name}",
             f"**Model:** `{card.source}`",
-            f"**Takes:** text, {' and '.join(card.modalities)} (at most {limits} per conversation)",
-            f"**Context:** {card.max_model_len or 'model default'} tokens · "
-            f"**video frames sampled:** {card.video_frames}",
+            f"**Takes:** text, {' and '.join(card.modalities)} (at most {limits} per prompt: past "
+            "that, a chat's oldest files are left out)",
+            f"**Context:** {card.max_model_len or 'model default'} tokens{frames}",
         ]
         if not card.takes_system_prompt:
             lines.append("**No system prompt:** this model's prompt format has none.")

@@ -72,12 +72,12 @@ class CompareView:
         turn.columns = comparison.columns
 
         async def messages_for(card: ModelCard) -> list[dict[str, Any]]:
-            check_media(card, [], files)
+            check_media(card, files)
             same_frames = clip is not None and card.video_frames == cards[0].video_frames
-            messages, _ = await self.playground.prompt_for(
+            prompt = await self.playground.prompt_for(
                 card, [turn], system, {turn.video: clip} if same_frames else None
             )
-            return messages
+            return prompt.messages
 
         session.stop_requested = False
         sent = sent_view(comparison, turn.media)

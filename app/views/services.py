@@ -19,10 +19,10 @@ from app.config import Settings
 from app.domain import compare
 from app.domain.conversation import (
     ConversationError,
+    Prompt,
     Session,
     Turn,
-    check_fits,
-    engine_messages,
+    fitted_prompt,
     user_message,
 )
 from app.domain.replies import Reply, stream_reply
@@ -190,12 +190,12 @@ class Playground:
 
     async def prompt_for(
         self, card: ModelCard, turns: list[Turn], system: str | None, clips: dict[Path, Any] | None = None
-    ) -> tuple[list[dict[str, Any]], int]:
-        """The engine's messages for `turns` and their size; refuses what will not fit. The
-        system prompt is dropped for formats without one (its box is disabled there)."""
+    ) -> Prompt:
+        """The engine's messages for `turns`, their size and the earlier files left out to keep
+        within the model's media limits and context (`fitted_prompt`); refuses what still will not
+        fit. The system prompt is dropped for formats without one (its box is disabled there)."""
         system = system if card.takes_system_prompt else ""
-        messages = await engine_messages(turns, system, self.decoder, card.video_frames, clips)
-        return messages, check_fits(card, messages)
+        return await fitted_prompt(card, turns, system, self.decoder, clips)
 
     async def draw_boxes(self, card: ModelCard, session: Session, turn: Turn, reply: Reply) -> None:
         """Once an answer has ended: the boxes it names (cards that ground) drawn on the latest

@@ -51,11 +51,15 @@ def twin_cases(card: ModelCard) -> list[str]:
     """What tests/test_twins.py runs on the card's twin through the real engine: the cases the
     card takes, in the catalog's words (its column in docs/CATALOG.md comes from here too)."""
     cases = ["image"] if "image" in card.modalities else []
-    if card.multi_image:
+    if card.media_limits.get("image", 0) > 1:
         cases.append("several images")
     if "video" in card.modalities:
         cases.append("video")
     cases.append("multi-turn")
+    if card.media_limits.get("image", 0) >= 3:
+        cases.append("three pictures over two turns")
+    if {"image", "video"} <= set(card.modalities):
+        cases.append("a picture, then a video")
     if card.takes_system_prompt:
         cases.append("system prompt")
     return cases
