@@ -435,6 +435,28 @@ def test_the_seeing_demo_model_answers_about_the_picture_sent_in_the_page_and_th
     assert client.predict(message, SEEING_KEY, "", 0.0, 1.0, 16, None, api_name="/chat").strip() == "blue"
 
 
+def test_two_pictures_then_a_third_in_a_follow_up_all_reach_the_model(
+    page: Page, served: tuple[Playground, str, RecordingFactory]
+):
+    """The core promise: several pictures in a message, and a follow-up picture, in one chat."""
+    factory = served[2]
+    set_max_tokens(page, "chat", 8)
+    send(page, "Compare these two.", [EXAMPLES / "shapes.png", EXAMPLES / "bar_chart.png"])
+    wait_for_answer(page)
+    send(page, "And this one?", [EXAMPLES / "green_square.png"])
+    wait_for_answer(page, answers=2)
+    assert "Clear" not in page.inner_text("#notice") and "new chat" not in page.inner_text("#notice")
+    parts = [p for m in factory.asked[-1] for p in m["content"] if isinstance(p, dict)]
+    assert [p["type"] for p in parts].count("image") == 3
+    # Past the model's four a prompt: the oldest is left out, and the chat says which.
+    send(page, "Two more.", [EXAMPLES / "one_shape.png", EXAMPLES / "three_shapes.png"])
+    wait_for_answer(page, answers=3)
+    assert "no longer sees shapes.png" in page.inner_text("#notice")
+    parts = [p for m in factory.asked[-1] for p in m["content"] if isinstance(p, dict)]
+    assert [p["type"] for p in parts].count("image") == 4
+    assert any("an earlier picture was here" in p.get("text", "") for p in parts)
+
+
 def test_the_chats_own_trash_icon_clears_the_conversation_the_model_gets(
     page: Page, served: tuple[Playground, str, RecordingFactory]
 ):

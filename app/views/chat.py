@@ -120,12 +120,8 @@ class ChatView:
         turns = session.turns[: session.turns.index(turn) + 1]
         turn.reply = Reply.of(card, media=sent_media(turns, prompt.left_out))
         messages, size = prompt.messages, prompt.size
-        yield (
-            conversation(session),
-            box,
-            left_out_notice(card, turns, prompt.left_out),
-            size_line(card, size, None),
-        )
+        notice = left_out_notice(card, turns, prompt.left_out)
+        yield conversation(session), box, notice, size_line(card, size, None)
         try:
             async with contextlib.aclosing(
                 self.playground.reply_stream(card, messages, sampling, turn.reply)
@@ -133,13 +129,18 @@ class ChatView:
                 async for _ in replies:
                     if session.stop_requested:
                         break
-                    yield conversation(session), gr.skip(), "", gr.skip()
+                    yield conversation(session), gr.skip(), notice, gr.skip()
         except Exception as error:
             turn.reply.state = "failed"
             yield conversation(session), box_idle(), refusal(error), gr.skip()
             return
         await self.playground.draw_boxes(card, session, turn, turn.reply)
-        yield conversation(session), box_idle(), "", size_line(card, size, turn.reply.prompt_tokens or None)
+        yield (
+            conversation(session),
+            box_idle(),
+            notice,
+            size_line(card, size, turn.reply.prompt_tokens or None),
+        )
 
     def stop(self, visit: Visit | None) -> None:
         if visit is not None:
