@@ -80,16 +80,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
             item.add_marker(pytest.mark.vllm)
-        item.add_marker(pytest.mark.xdist_group(parallel_group(item)))
-
-
-def parallel_group(item: pytest.Item) -> str:
-    """Which tests run together on one worker when the suite runs in parallel (`make test`:
-    pytest-xdist, `--dist loadgroup`): a module's tests share its fixtures (its engines, its
-    server, its browser), so they stay together; the twins, 36 engines in one module, go one
-    twin to a group, so that the two workers share them."""
-    module = item.nodeid.split("::", 1)[0]
-    callspec = getattr(item, "callspec", None)
-    if callspec is not None and "twin" in callspec.params:
-        return f"{module}[{callspec.params['twin']}]"
-    return module
