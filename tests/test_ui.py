@@ -33,7 +33,7 @@ from app.config import Settings
 from app.demo.models import SEEING_FOLDER
 from app.demo.seeing_model import SEEING_KEY, seeing_card
 from app.demo.shapes import Drawn, picture
-from app.engines.base import SamplingSettings
+from app.engines.base import SamplingSettings, card_sampling
 from app.engines.manager import EngineManager
 from app.engines.vllm_engine import VllmEngineFactory
 from app.media.loading import VideoDecoderPool
@@ -649,6 +649,11 @@ def test_two_models_compared_side_by_side_and_exported(
     assert "<|vision_start|><|image_pad|><|vision_end|>" in columns[0]["prompt"]
     assert columns[1]["prompt"].startswith("USER: <image>\n")
     assert exported["sampling"]["max_tokens"] == 32 and exported["files"] == ["shapes.png"]
+    # Each model answers with its own temperature and top-p, as in the chat (the seeing model's 0).
+    assert exported["sampling"]["temperature"] is None
+    for column in columns:
+        own, used = card_sampling(served[0].choices[column["key"]].card), column["sampling"]
+        assert (used["temperature"], used["top_p"]) == (own.temperature, own.top_p)
     with page.expect_download() as download:
         page.click("#export-md")
     markdown = Path(download.value.path()).read_text(encoding="utf-8")

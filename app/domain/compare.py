@@ -95,6 +95,11 @@ def to_json(comparison: Comparison) -> str:
     return json.dumps(document, indent=2, ensure_ascii=False)
 
 
+def own(value: Any) -> Any:
+    """A sampling value, or what it is where each model takes its own."""
+    return "each model's own" if value is None else value
+
+
 def to_markdown(comparison: Comparison) -> str:
     s = comparison.sampling
     seed = "random" if s.seed is None else s.seed
@@ -103,7 +108,8 @@ def to_markdown(comparison: Comparison) -> str:
         "",
         f"- Started: {comparison.started}",
         f"- Files: {', '.join(comparison.files) or 'none'}",
-        f"- Sampling: temperature {s.temperature}, top-p {s.top_p}, max tokens {s.max_tokens}, seed {seed}",
+        f"- Sampling: temperature {own(s.temperature)}, top-p {own(s.top_p)}, max tokens "
+        f"{own(s.max_tokens)}, seed {seed}",
         "",
         "System prompt:",
         "",

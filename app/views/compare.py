@@ -37,8 +37,16 @@ class CompareView:
     # --- handlers ----------------------------------------------------------------------------
 
     async def compare(
-        self, message: dict[str, Any], visit: Visit | None, keys: list[str], system: str, *controls: Any
+        self,
+        message: dict[str, Any],
+        visit: Visit | None,
+        keys: list[str],
+        system: str,
+        own_defaults: bool,
+        *controls: Any,
     ) -> AsyncIterator[tuple[Any, ...]]:
+        """`own_defaults`: each model answers with its own temperature and top-p, as it does in
+        the chat, the arena and the grid (the seeing model's 0, say), not the sliders'."""
         text, files = message.get("text") or "", list(message.get("files") or [])
         self.playground.active(visit)
         session = visit.compare if visit is not None else Session()
@@ -50,6 +58,8 @@ class CompareView:
                 raise ConversationError(
                     f"Pick {compare.MIN_MODELS} to {compare.MAX_MODELS} models to compare."
                 )
+            if own_defaults:
+                controls = (None, None, *controls[2:])
             sampling = self.playground.sampling(cards[0], *controls)
             for card in cards[1:]:
                 within_page_bounds(card, sampling)  # the same values, each model's bounds
@@ -150,10 +160,15 @@ class CompareView:
                 "Export Markdown", elem_id="export-md", interactive=False, size="sm"
             )
         system = gr.Textbox(label="System prompt", elem_id="compare-system", placeholder=SYSTEM_HINT)
+        own_defaults = gr.Checkbox(
+            True,
+            label="Each model's own temperature and top-p (as in the chat); off: the sliders' for all",
+            elem_id="compare-own-sampling",
+        )
         sampling = sampling_controls("compare")
         asked = box.submit(
             self.compare,
-            [box, visit, keys, system, *sampling],
+            [box, visit, keys, system, own_defaults, *sampling],
             [*columns, sent, box, notice, export_json, export_md],
             show_progress="hidden",
             **PRIVATE,
