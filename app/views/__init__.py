@@ -8,7 +8,8 @@
   that survive a reload, the public server's defaults).
 
 This package imports neither torch nor vLLM: the engine factory is given to the manager by
-`app.__main__`.
+`app.__main__`. May import: every layer below it (`app.demo`, `app.domain`, `app.storage`,
+`app.engines`, `app.media`, `app.catalog`, `app.config`); checked by `make lint`.
 """
 
 from app.views.page import build, launch
