@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -418,3 +419,15 @@ def test_two_votes_at_the_same_moment_cannot_both_slip_under_the_limit(url: str,
         assert len(history.votes()) == limit and len(refused) == 1
     finally:
         history.close()
+
+
+def test_the_list_tells_alike_titles_apart_by_model_turns_and_time():
+    from app.storage.history import Summary
+    from app.views.history import summary_label
+
+    at = time.mktime((2026, 11, 25, 9, 30, 0, 0, 0, -1))
+    chat = Summary(id="a", kind="chat", title="What is this?", model="demo_seeing", turns=2, updated_at=at)
+    other = Summary(id="b", kind="chat", title="What is this?", model="gone_model", turns=1, updated_at=at)
+    names = {"demo_seeing": "Shapes and colours"}
+    assert summary_label(chat, names) == "What is this? · Shapes and colours · 2 turns · 25 Nov 09:30"
+    assert summary_label(other, names) == "What is this? · gone_model · 1 turn · 25 Nov 09:30"

@@ -11,7 +11,7 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -95,14 +95,16 @@ def kind_of(path: Path) -> Any:
     return "video" if is_video(path) else "image"
 
 
-def summary_label(summary: Summary) -> str:
+def summary_label(summary: Summary, names: Mapping[str, str]) -> str:
+    """A line of the list that tells alike titles apart: the model (by its name where this page
+    offers it), the turns and the time."""
     when = time.strftime("%d %b %H:%M", time.localtime(summary.updated_at))
     if summary.kind in ("compare", "grid"):
         models = len(summary.model.split(","))
         title = summary.title if summary.kind == "grid" else f"Compare: {summary.title}"
         return f"{title} · {models} models · {when}"
     turns = f"{summary.turns} turn{'s' if summary.turns != 1 else ''}"
-    return f"{summary.title} · {turns} · {when}"
+    return f"{summary.title} · {names.get(summary.model, summary.model)} · {turns} · {when}"
 
 
 class HistoryView:
@@ -202,7 +204,8 @@ class HistoryView:
         if self.history is None or visit is None:
             return gr.Radio(choices=[], value=None)
         summaries = await asyncio.to_thread(self.history.list, visit.browser_id)
-        choices = [(summary_label(s), s.id) for s in summaries]
+        names = {key: choice.card.display_name for key, choice in self.playground.choices.items()}
+        choices = [(summary_label(s, names), s.id) for s in summaries]
         current = visit.chat.conversation_id
         return gr.Radio(choices=choices, value=current if any(c[1] == current for c in choices) else None)
 
