@@ -816,7 +816,7 @@ def test_the_history_sidebar_keeps_reopens_exports_and_deletes_conversations(
     first_answer = wait_for_answer(page)
     open_sidebar(page)
     poll(lambda: len(history_items(page)) == 1)
-    assert history_items(page)[0].startswith("The first conversation's question · 1 turn")
+    assert history_items(page)[0].startswith(f"The first conversation's question · {LABEL_A} · 1 turn · ")
     page.click("#history-new")
     poll(lambda: user_messages(page) == 0)
     send(page, "The second one")
