@@ -391,3 +391,20 @@ def test_a_stop_mid_answer_stores_the_answer_as_stopped_before_the_tabs_are_clos
         assert turn.replies[0].answer and turn.replies[0].model == "tiny-a"
     finally:
         decoder.close()
+
+
+def test_a_sent_message_shows_at_once_and_a_refused_one_goes_back_to_the_box(loop, views):
+    """The chat shows the message before its files are kept and its prompt counted (seconds on
+    a first message); a refusal then takes it out of the chat and puts it back in the box."""
+    view, _ = views
+    _, visit = view.playground.sessions.attach(None, "page")
+    message = {"text": "Is it there at once?", "files": []}
+
+    async def updates() -> list[Any]:
+        return [update async for update in view.chat.send(message, visit, "no-such-model", "")]
+
+    first, *rest = loop.run(updates())
+    shown = [m["content"] for m in first[0]]
+    assert shown == ["Is it there at once?", "Preparing the prompt…"]
+    last = rest[-1]
+    assert last[0] == [] and last[1].value["text"] == "Is it there at once?" and "⚠️" in last[2]

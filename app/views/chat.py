@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -42,6 +43,7 @@ from app.views.widgets import (
 
 PRIVATE: dict[str, Any] = {"api_visibility": "private"}  # page events, not API endpoints
 WAITING = "Waiting for the model"
+PREPARING = "Preparing the prompt…"
 STATUS_REFRESH_S = 1.0
 NO_VISIT = "This page lost its session; reload it to start again."
 
@@ -60,6 +62,9 @@ class ChatView:
         text, files = message["text"], message["files"]
         self.playground.active(visit)
         session = visit.chat if visit is not None else Session()
+        # Shown at once: keeping the files and counting the prompt take seconds (a clip's frames,
+        # a tokenizer's first load). A refusal below puts the message back in the box.
+        yield [*conversation(session), *preparing(text, files)], box_streaming(value=None), "", ""
         try:
             if visit is None:
                 raise ConversationError(NO_VISIT)
@@ -298,6 +303,13 @@ def size_line(card: ModelCard, size: int, counted: int | None) -> str:
     limit = f" of {card.max_model_len:,}" if card.max_model_len else ""
     text = f"Prompt: about {size:,}{limit} tokens (estimated before sending)"
     return text + (f"; the engine counted {counted:,}." if counted is not None else ".")
+
+
+def preparing(text: str, files: list[str]) -> list[dict[str, Any]]:
+    """A message just sent, as the chat shows it while its prompt is prepared."""
+    names = ", ".join(Path(f).name for f in files)
+    shown = [{"role": "user", "content": part} for part in (text, names and f"📎 {names}") if part]
+    return [*shown, {"role": "assistant", "content": PREPARING}]
 
 
 def conversation(session: Session) -> list[dict[str, Any]]:
