@@ -84,7 +84,7 @@ class Guard:
             return
         if path.startswith(f"{API}/run/"):
             try:
-                receive = await self._page_call(path, scope, receive)
+                receive = await self._page_call(path, receive)
             except (NotAPageCall, BodyTooLarge):
                 endpoints = " and ".join(f"/{name}" for name in self.public_api)
                 await refuse(
@@ -106,23 +106,16 @@ class Guard:
             send = self._to_wire(scope, send)
         await self.app(scope, receive, send)
 
-    async def _page_call(self, path: str, scope: Scope, receive: Receive) -> Receive:
+    async def _page_call(self, path: str, receive: Receive) -> Receive:
         """The page runs its queue-less events (an example's click, an idle input) through
         `/run/predict` by index. Only those, with as many inputs as they take and each input
         one the page could send, pass: anything else is refused before Gradio (which printed a
         traceback for an unknown index or a missing input)."""
         if path.rstrip("/") != f"{API}/run/predict":
             raise NotAPageCall
-        body = b""
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                raise NotAPageCall
-            body += message.get("body", b"")
-            if len(body) > MAX_JSON_BODY:
-                raise BodyTooLarge
-            if not message.get("more_body", False):
-                break
+        body, instead = await read_body(receive)
+        if instead is not None:
+            raise NotAPageCall
         try:
             call = json.loads(body)
         except ValueError:
@@ -162,15 +155,9 @@ class Guard:
         declared = headers.get(b"content-length", b"0")
         if declared.isdigit() and int(declared) > MAX_JSON_BODY:
             raise BodyTooLarge
-        body, more = b"", True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return _replay(message, receive)
-            body += message.get("body", b"")
-            if len(body) > MAX_JSON_BODY:
-                raise BodyTooLarge
-            more = message.get("more_body", False)
+        body, instead = await read_body(receive)
+        if instead is not None:
+            return _replay(instead, receive)
         if any(wire_name in body for wire_name in self.folders):
             body = self._file_references_to_server(body)
         scope["headers"] = [(n, v) for n, v in scope["headers"] if n != b"content-length"] + [
@@ -237,6 +224,21 @@ class Guard:
             await send(message)
 
         return send_to_wire
+
+
+async def read_body(receive: Receive) -> tuple[bytes, Message | None]:
+    """A request's whole body (at most `MAX_JSON_BODY`, else `BodyTooLarge`), and the message
+    that came instead of the rest of it (the client's disconnect), if one did."""
+    body = b""
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return body, message
+        body += message.get("body", b"")
+        if len(body) > MAX_JSON_BODY:
+            raise BodyTooLarge
+        if not message.get("more_body", False):
+            return body, None
 
 
 def _replay(first: Message, then: Receive) -> Receive:
