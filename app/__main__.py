@@ -168,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    if argv[:1] == ["add-user"]:  # an account for APP_SIGN_IN=password
+        return add_user_command(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m app", description=__doc__, epilog=EVAL_HELP)
     parser.add_argument("--list", action="store_true", help="print the catalog and exit")
     parser.add_argument("--available", action="store_true", help="with --list: only servable models")
@@ -190,10 +192,22 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         from app.storage.history import open_history
+        from app.views.accounts import AccountError, read_users
 
+        if settings.sign_in == "huggingface" and os.environ.get("SYSTEM") != "spaces":
+            # Gradio's OAuth needs the Space's OAuth app (`hf_oauth: true`); elsewhere it would
+            # stop with a traceback asking for a local Hugging Face login.
+            print(
+                "error: APP_SIGN_IN=huggingface works on a Hugging Face Space with `hf_oauth: true` in its "
+                "README; elsewhere use proxy or password",
+                file=sys.stderr,
+            )
+            return 2
         try:
+            if settings.sign_in == "password" and settings.users_file is not None:
+                read_users(settings.users_file)  # a bad line stops it here, with its number
             history = open_history(settings)
-        except SettingsError as error:
+        except (SettingsError, AccountError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
         return serve(with_demo_models(cards, settings), settings, history)
@@ -201,6 +215,42 @@ def main(argv: list[str] | None = None) -> int:
         print(catalog_markdown(cards), end="")
         return 0
     return print_catalog(cards, settings, available_only=args.available)
+
+
+def add_user_command(argv: list[str]) -> int:
+    """`python -m app add-user NAME [--users-file FILE]`: adds an account for password sign-in,
+    or changes its password. The password is asked for twice on a terminal, else read from the
+    first line of standard input (for scripts)."""
+    import getpass
+
+    from app.views.accounts import AccountError, add_user
+
+    parser = argparse.ArgumentParser(prog="python -m app add-user", description=add_user_command.__doc__)
+    parser.add_argument("name", help="the account's name: letters, digits and . _ @ + -")
+    parser.add_argument(
+        "--users-file", type=Path, default=None, help="the users file (default: APP_USERS_FILE)"
+    )
+    args = parser.parse_args(argv)
+    path = args.users_file or (
+        Path(os.environ["APP_USERS_FILE"]) if os.environ.get("APP_USERS_FILE") else None
+    )
+    if path is None:
+        print("error: name the users file with --users-file or APP_USERS_FILE", file=sys.stderr)
+        return 2
+    if sys.stdin.isatty():
+        password = getpass.getpass(f"password for {args.name}: ")
+        if getpass.getpass("again: ") != password:
+            print("error: the two passwords differ", file=sys.stderr)
+            return 2
+    else:
+        password = sys.stdin.readline().rstrip("\n")
+    try:
+        add_user(path, args.name, password)
+    except (AccountError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"{args.name} can sign in: start with APP_SIGN_IN=password APP_USERS_FILE={path}")
+    return 0
 
 
 def port_in_use(host: str, port: int) -> str | None:

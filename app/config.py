@@ -17,10 +17,10 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
@@ -127,6 +127,12 @@ def _nonblank(text: str) -> str:
     if not text.strip():
         raise ValueError("empty")
     return text.strip()
+
+
+def _header_name(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9-]{1,64}", text):
+        raise ValueError("not a header name")
+    return text
 
 
 def _http_url(text: str | None) -> str | None:
@@ -485,6 +491,15 @@ class Settings(BaseSettings):
             "votes all browsers at one client address may cast in an hour", COUNT, metavar="N", group="arena"
         ),
     ] = 60
+    arena_signed_in_only: Annotated[
+        bool,
+        Doc(
+            "the arena takes votes from signed-in visitors only (see APP_SIGN_IN)",
+            FLAG,
+            default="off",
+            group="arena",
+        ),
+    ] = False
     # Behind a reverse proxy every request comes from the proxy: its X-Forwarded-For is believed
     # only when the request comes from one of these addresses.
     trusted_proxies: Annotated[
@@ -499,6 +514,39 @@ class Settings(BaseSettings):
             group="web",
         ),
     ] = ()
+    # Identity is an anonymous cookie by default (`app.views.identity`); a team or a Space can
+    # have visitors sign in, so that their history and votes follow the account.
+    sign_in: Annotated[
+        Literal["off", "huggingface", "proxy", "password"],
+        Doc(
+            'how visitors sign in: off (anonymous), huggingface (a Space\'s "Sign in with Hugging Face"), '
+            "proxy (a header a trusted reverse proxy sets) or password (accounts in APP_USERS_FILE)",
+            "off, huggingface, proxy or password",
+            metavar="MODE",
+            group="web",
+        ),
+    ] = "off"
+    sign_in_header: Annotated[
+        str,
+        AfterValidator(_header_name),
+        Doc(
+            "with APP_SIGN_IN=proxy: the header the proxy names the signed-in user in",
+            "a header name like X-Forwarded-User",
+            metavar="HEADER",
+            group="web",
+        ),
+    ] = "X-Forwarded-User"
+    users_file: Annotated[
+        OptionalPath,
+        Doc(
+            "with APP_SIGN_IN=password: the accounts, one `name:hash` line each "
+            "(python -m app add-user NAME writes one)",
+            "a file's path",
+            default="none",
+            metavar="FILE",
+            group="web",
+        ),
+    ] = None
     max_upload_bytes: Annotated[
         Bytes,
         Doc(
@@ -555,6 +603,23 @@ class Settings(BaseSettings):
         except ValidationError as error:
             raise settings_error(error, given, given) from None
 
+    @model_validator(mode="after")
+    def _sign_in_has_what_it_needs(self) -> Settings:
+        """Each way of signing in with what it cannot work without, said at start."""
+        if self.sign_in == "proxy" and not self.trusted_proxies:
+            # Without it, any visitor could name themselves in the header.
+            raise ValueError(
+                "APP_SIGN_IN=proxy needs APP_TRUSTED_PROXIES: the proxies whose "
+                f"{self.sign_in_header} header is believed"
+            )
+        if self.sign_in == "password" and self.users_file is None:
+            raise ValueError(
+                "APP_SIGN_IN=password needs APP_USERS_FILE (python -m app add-user NAME writes it)"
+            )
+        if self.arena_signed_in_only and self.sign_in == "off":
+            raise ValueError("APP_ARENA_SIGNED_IN_ONLY needs a way to sign in: set APP_SIGN_IN")
+        return self
+
     def history_folder(self) -> Path:
         """The data folder: the setting, else the XDG data home's `vlm-playground`."""
         if self.data_dir is not None:
@@ -590,6 +655,8 @@ def settings_error(
 ) -> SettingsError:
     """The first refused value as one line: its variable or flag, what was written, what to write."""
     first = error.errors()[0]
+    if not first["loc"] and first["type"] == "value_error":  # settings that do not go together
+        return SettingsError(str(first["ctx"]["error"]))
     name = next((str(part) for part in first["loc"] if str(part) in Settings.model_fields), None)
     if name is None:  # an unknown field: a programming error, said plainly
         return SettingsError(f"{'.'.join(map(str, first['loc']))}: {first['msg']}")

@@ -115,7 +115,7 @@ def loaded(page: Page, cookie: str | None, picked: str, peer: str = "203.0.113.9
         headers.append((b"cookie", f"{COOKIE}={cookie}".encode()))
     scope = {"type": "http", "method": "POST", "path": "/", "headers": headers, "client": (peer, 5000)}
     request = gr.Request(request=Request(scope), session_hash=secrets.token_hex(8))
-    token, browser, *_ = asyncio.run(page.resume("", picked, request))
+    token, browser, *_ = asyncio.run(page.resume("", picked, request, None))
     return token, browser
 
 

@@ -44,8 +44,12 @@ class Visit:
     chat_model: str | None = None  # the model picked in the chat, restored after a reload
     # The conversation a first click on Delete asked about, and when (a second click deletes).
     delete_asked: tuple[str, float] | None = None
-    # The browser's random id (kept in its localStorage): whose stored conversations these are.
+    # Whose stored conversations these are: the server-issued id of the browser (a signed cookie)
+    # or of the signed-in account.
     browser_id: str = ""
+    # The account's name where the visitor signed in (`app.views.accounts`); `browser_id` is then
+    # the account's id, the same on every browser.
+    account: str | None = None
     # The client's address as the server sees it (`app.views.identity`): the arena's vote limit.
     address: str = ""
     pages: set[str] = field(default_factory=set)  # Gradio session hashes attached now

@@ -145,6 +145,9 @@ class ArenaView:
         try:
             if visit is None:
                 raise ConversationError(NO_VISIT)
+            if self.playground.settings.arena_signed_in_only and visit.account is None:
+                # An anonymous id is free to make; an account is not.
+                raise ArenaError("Sign in to vote: this arena counts votes from signed-in visitors only.")
             if battle is None or not visit.arena.turns:
                 raise ArenaError("Send a message first: both models answer it, then you vote.")
             if battle.revealed:

@@ -12,6 +12,8 @@ import gradio as gr
 from starlette.middleware import Middleware
 
 from app.config import Settings
+from app.domain.sessions import Visit
+from app.views.accounts import PasswordCheck, read_users
 from app.views.api import CHAT_API, ChatApi
 from app.views.arena import ArenaView
 from app.views.chat import PRIVATE, ChatView
@@ -72,21 +74,38 @@ class Page:
         self.arena = ArenaView(playground, votes) if votes is not None else None
         self.leaderboard = LeaderboardView(playground, votes) if votes is not None else None
 
-    async def resume(self, token: str, browser: str, request: gr.Request) -> tuple[Any, ...]:
-        """A page (re)loaded: the tab's session (a new one for a new tab) and the visitor's id,
-        which the server issued in a signed cookie (`app.views.identity`): the id the page's
-        script keeps (`browser`) is shown back to it, never believed. A client that sends no
-        cookie is a new visitor."""
+    async def resume(
+        self, token: str, browser: str, request: gr.Request, profile: gr.OAuthProfile | None
+    ) -> tuple[Any, ...]:
+        """A page (re)loaded: the tab's session (a new one for a new tab) and the visitor's id:
+        the signed-in account's where sign-in is on and the visitor signed in
+        (`app.views.accounts`), else the one the server issued in a signed cookie
+        (`app.views.identity`). The id the page's script keeps (`browser`) is shown back to it,
+        never believed. A client that sends no cookie is a new visitor."""
         token, visit = self.sessions.attach(token, request.session_hash or "")
-        issued = self.playground.identity.visitor(request.headers)
-        if issued is not None:
-            visit.browser_id = issued
-        elif not visit.browser_id:
-            visit.browser_id = secrets.token_hex(16)
-        visit.address = self.playground.identity.address(
-            getattr(request.client, "host", None), request.headers.get("x-forwarded-for")
+        peer = getattr(request.client, "host", None)
+        account = self.playground.sign_in.account(
+            peer, request.headers, request.username, profile.username if profile is not None else None
         )
-        return token, visit.browser_id, visit, *self.chat.resumed(visit)
+        issued = self.playground.identity.visitor(request.headers)
+        if account is not None:
+            visit.browser_id, visit.account = account.visitor, account.name
+        elif issued is not None:
+            visit.browser_id, visit.account = issued, None
+        elif not visit.browser_id or visit.account is not None:
+            visit.browser_id, visit.account = secrets.token_hex(16), None
+        visit.address = self.playground.identity.address(peer, request.headers.get("x-forwarded-for"))
+        return token, visit.browser_id, visit, self.signed_in(visit), *self.chat.resumed(visit)
+
+    def signed_in(self, visit: Visit) -> str:
+        """The line that says who the visitor is, where sign-in is on."""
+        if not self.playground.sign_in.enabled:
+            return ""
+        if visit.account is not None:
+            return f"Signed in as `{visit.account}`: your history and votes follow you."
+        if self.playground.sign_in.mode == "huggingface":
+            return "Not signed in: sign in with Hugging Face to keep your history on every device."
+        return "Not signed in: your history stays with this browser."
 
     async def leave(self, request: gr.Request) -> None:
         """Gradio ended the page (closed or reloaded)."""
@@ -98,6 +117,10 @@ class Page:
         gr.set_static_paths([EXAMPLES])
         with gr.Blocks(title="VLM Playground", delete_cache=(UPLOAD_MAX_AGE_S, UPLOAD_MAX_AGE_S)) as demo:
             gr.Markdown("# VLM Playground\nChat with vision-language models served by vLLM.")
+            with gr.Row(equal_height=True):
+                who = gr.Markdown(elem_id="signed-in")
+                if self.playground.sign_in.mode == "huggingface":
+                    gr.LoginButton(scale=0, min_width=240)
             visit = gr.State(None)
             token, browser = gr.Textbox(visible=False), gr.Textbox(visible=False)
             with gr.Tabs() as tabs:
@@ -122,7 +145,7 @@ class Page:
             loaded = demo.load(
                 self.resume,
                 [token, browser],
-                [token, browser, visit, chatbot, self.chat.model],
+                [token, browser, visit, who, chatbot, self.chat.model],
                 js=READ_TOKEN,
                 **PRIVATE,
             )
@@ -181,7 +204,15 @@ def launch(demo: gr.Blocks, settings: Settings, block: bool = True, quiet: bool 
         public_api=(CHAT_API, LEADERBOARD_API) if settings.arena else (CHAT_API,),
         page_calls=queue_less_calls(demo),
     )
+    # Password sign-in is Gradio's own login page, checked against the users file.
+    auth = (
+        PasswordCheck(read_users(settings.users_file))
+        if settings.users_file and settings.sign_in == "password"
+        else None
+    )
     demo.launch(
+        auth=auth,
+        auth_message="Sign in with the account your team gave you." if auth else None,
         root_path=public_url,
         app_kwargs={"middleware": [guard, identity]},
         server_name=settings.host,

@@ -32,6 +32,7 @@ from app.engines.manager import EngineManager
 from app.media.grounding import draw_answer_boxes
 from app.media.loading import VideoDecoderPool
 from app.storage.history import History
+from app.views.accounts import SignIn
 from app.views.identity import Identity, signing_key
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,8 @@ class Playground:
             settings.trusted_proxies,
             secure=(settings.public_url or "").startswith("https://") or bool(os.environ.get("SPACE_HOST")),
         )
+        # Who signed in, where the operator turned sign-in on (`app.views.accounts`).
+        self.sign_in = SignIn(settings.sign_in, settings.sign_in_header, settings.trusted_proxies)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._housekeeping_stop = threading.Event()
         self._housekeeping: threading.Thread | None = None
