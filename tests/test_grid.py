@@ -244,7 +244,9 @@ def test_a_set_runs_model_by_model_with_one_load_each_and_the_seeing_model_answe
         assert run.cell(item.id, SEEING_KEY).answer.strip() == item.expected
     assert all(run.cell(i.id, SEEING_KEY).ttft_s is not None for i in run.items)
     # The progress line counted up to the whole and named the time left while it could.
-    assert progress[-1] == "12 of 12 answers" and any("left" in line for line in progress)
+    assert progress[-1] == "11 of 12 answers, 1 refused or failed" and any(
+        "left" in line for line in progress
+    )
 
     # The exports: one CSV row per cell, JSON that resumes to the same cells, HTML that stands
     # alone (thumbnails inline, no server paths).
@@ -382,7 +384,7 @@ def test_the_command_line_runs_a_set_into_reports_and_resumes(tmp_path: Path):
     report = tmp_path / "out" / "report.html"
     done = eval_command(*common, "--max-tokens", "8", "--out", str(report), env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "12 of 12 answers" in done.stderr and "Traceback" not in done.stderr
+    assert "11 of 12 answers, 1 refused or failed" in done.stderr and "Traceback" not in done.stderr
     assert "refused: item 6 (clip-end): LLaVA 1.5 7B: random-weight twin does not take videos" in done.stderr
     page = report.read_text(encoding="utf-8")
     assert page.count("<tr>") == 7 and page.count("matches") == 6 and "data:image/jpeg;base64," in page
@@ -502,3 +504,19 @@ def test_a_csv_export_never_hands_a_spreadsheet_a_formula(hostile: str):
         cells = [cell for row in csv.reader(io.StringIO(text)) for cell in row]
         assert not any(cell.startswith(("=", "+", "-", "@", "\t", "\r")) for cell in cells), cells
         assert "'" + hostile in cells  # kept, as text
+
+
+def test_the_progress_line_never_counts_a_refused_cell_as_answered():
+    from app.domain.grid import GridRun
+    from app.domain.promptsets import PromptItem
+    from app.domain.replies import Reply
+
+    items = [PromptItem(id=f"q{i}", question="?") for i in range(3)]
+    run = GridRun("set", items, ["a", "b"], {}, SamplingSettings())
+    for item in items:
+        run.cells[item.id] = {key: Reply(key, key, "", state="done") for key in ("a", "b")}
+    assert run.summary() == "6 of 6 answers"
+    run.cells["q2"]["b"].state = "failed"  # refused up front: it has an outcome, not an answer
+    run.cells["q1"]["a"].state = "stopped"
+    assert run.summary() == "4 of 6 answers, 1 refused or failed" and run.done == 5
+    assert run.progress().startswith(run.summary())

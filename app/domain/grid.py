@@ -89,9 +89,18 @@ class GridRun:
         """Cells with an outcome: answered, or refused up front."""
         return sum(reply.state in ("done", "failed") for row in self.cells.values() for reply in row.values())
 
+    def summary(self) -> str:
+        """Cells answered of all, and those that have an outcome without an answer (refused up
+        front or failed): "12 of 12" would claim an answer a refused cell never got."""
+        states = [reply.state for row in self.cells.values() for reply in row.values()]
+        line = f"{states.count('done')} of {self.total} answers"
+        if unanswered := states.count("failed"):
+            line += f", {unanswered} refused or failed"
+        return line
+
     def progress(self) -> str:
-        """A line for the progress bar: cells done, the model answering, the time left."""
-        line = f"{self.done} of {self.total} answers"
+        """A line for the progress bar: cells answered, the model answering, the time left."""
+        line = self.summary()
         if self.current:
             line += f" · now: {self.names.get(self.current, self.current)}"
         if self.eta_s is not None and self.done < self.total:

@@ -127,6 +127,11 @@ async def stream_reply(
                     reply.prompt = event.prompt
                     reply.prompt_tokens = event.prompt_tokens
                     reply.completion_tokens = event.completion_tokens
+                    if first_token_at is None and event.completion_tokens:
+                        # The whole answer came with its end (a short one, under load): its first
+                        # token was there by now at the latest.
+                        first_token_at = now
+                        reply.ttft_s = now - ready_at
                     if first_token_at is not None and event.completion_tokens > 1 and now > first_token_at:
                         reply.tokens_per_s = (event.completion_tokens - 1) / (now - first_token_at)
                 else:

@@ -241,7 +241,9 @@ class ChatView:
             with gr.Column(scale=3, min_width=320):
                 chatbot = gr.Chatbot(
                     elem_id="chat",
-                    height=520,
+                    # Most of the window, so that a turn with pictures fits without scrolling.
+                    height="72vh",
+                    min_height=420,
                     label="Conversation",
                     # Copies an answer's raw text (its Markdown and LaTeX as the model wrote them).
                     buttons=["copy"],

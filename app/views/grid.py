@@ -94,16 +94,16 @@ class GridView:
         self.playground.active(visit)
         work = visit.grid if visit is not None else None
         if work is None or work.run is None:
-            yield "Check a set first.", gr.skip(), gr.skip(), *no_exports()
+            yield "Check a set first.", gr.skip(), gr.skip(), *no_exports(), gr.skip()
             return
         run = work.run
         if work.running:
-            yield RUNNING, gr.skip(), gr.skip(), *no_exports()
+            yield RUNNING, gr.skip(), gr.skip(), *no_exports(), gr.skip()
             return
         work.running, work.stop_requested = True, False
         try:
             cards = {key: self.playground.servable(key) for key in run.models}
-            yield "", progress_bar(run), self.table(work), *no_exports()
+            yield "", progress_bar(run), self.table(work), *no_exports(), gr.Button(interactive=True)
             manager, decoder = self.playground.manager, self.playground.decoder
             updates = grid.run_grid(
                 run, work.prompt_set, cards, work.checked, manager, decoder, boxes=work.folder
@@ -111,18 +111,24 @@ class GridView:
             async with contextlib.aclosing(updates):
                 async for _ in updates:
                     self.playground.active(visit)  # a long run is the tab's activity
-                    yield gr.skip(), progress_bar(run), self.table(work), *no_exports()
+                    yield gr.skip(), progress_bar(run), self.table(work), *no_exports(), gr.skip()
                     if work.stop_requested:
                         break
         except Exception as error:
-            yield WARNING + user_message(error), progress_bar(run), self.table(work), *no_exports()
+            yield (
+                WARNING + user_message(error),
+                progress_bar(run),
+                self.table(work),
+                *no_exports(),
+                gr.Button(interactive=False),
+            )
             return
         finally:
             work.running = False
         notice = await self.save(visit, work)
         if work.stop_requested:
-            notice = f"Stopped with {run.done} of {run.total} answers; press Run to go on. {notice}".strip()
-        yield notice, progress_bar(run), self.table(work), *self.exports(work)
+            notice = f"Stopped with {run.summary()}; press Run to go on. {notice}".strip()
+        yield notice, progress_bar(run), self.table(work), *self.exports(work), gr.Button(interactive=False)
 
     def stop(self, visit: Visit | None) -> None:
         if visit is not None and visit.grid is not None:
@@ -238,7 +244,10 @@ class GridView:
                     run = gr.Button(
                         "Run", elem_id="grid-run", variant="primary", interactive=False, size="sm"
                     )
-                    stop = gr.Button("Stop", elem_id="grid-stop", variant="stop", size="sm")
+                    # Live only while a run is: a red Stop on an idle grid looked like a run going.
+                    stop = gr.Button(
+                        "Stop", elem_id="grid-stop", variant="stop", interactive=False, size="sm"
+                    )
                 notice = gr.Markdown(elem_id="grid-notice")
         progress = gr.HTML(elem_id="grid-progress")
         table = gr.HTML(elem_id="grid-table", padding=False)
@@ -251,7 +260,7 @@ class GridView:
             self.check, [builtin, set_file, media, keys, visit], [notice, run, progress, table], **PRIVATE
         )
         self.ran = run.click(
-            self.run, [visit], [notice, progress, table, *exports], show_progress="hidden", **PRIVATE
+            self.run, [visit], [notice, progress, table, *exports, stop], show_progress="hidden", **PRIVATE
         )
         stop.click(self.stop, [visit], None, concurrency_limit=None, **PRIVATE)
         self.restored = [progress, table, *exports]

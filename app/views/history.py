@@ -287,7 +287,7 @@ class HistoryView:
         visit.grid = GridWork(prompt_set, checked, run)
         visit.grid.pictures = await asyncio.to_thread(thumbnails, run, prompt_set, self.playground.decoder)
         gone = GONE_FILES.format(days=self.playground.settings.media_retention_days) if missing else ""
-        return f"Reopened {run.set_name}: {run.done} of {run.total} answers. {gone}".strip()
+        return f"Reopened {run.set_name}: {run.summary()}. {gone}".strip()
 
     def compare_shown(self, record: ConversationRecord, session: Session, notice: str) -> tuple[Any, ...]:
         turn = session.turns[0] if session.turns else Turn(text="")

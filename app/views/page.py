@@ -53,10 +53,20 @@ ESCAPE_STOPS = """
   });
 }
 """
+# The web fonts Gradio serves itself are cut-down copies: its default (Source Sans Pro) draws
+# some capitals of a semibold heading as small capitals ("Model ᴀ", "7ʙ"), IBM Plex Sans a bold
+# "a" from another font. The visitor's own interface font has every letter.
+THEME = gr.themes.Default(
+    font=["system-ui", "-apple-system", "Segoe UI", "Roboto", "Helvetica Neue", "Arial", "sans-serif"]
+)
 CSS = """
 #notice:empty, #compare-notice:empty, #compare-sent:empty { display: none; }
 #notice, #compare-notice { color: var(--error-text-color); }
 .frames .caption-label { font-size: 0.75em; }
+/* A long model name ends in "..." before the dropdown's arrow instead of running under it. */
+#model input { text-overflow: ellipsis; padding-right: 1.5em; }
+/* On a phone the history sidebar's toggle sits over the page's left edge: keep the title clear. */
+@media (max-width: 640px) { #title h1 { padding-left: 1.75rem; } }
 """
 
 
@@ -116,7 +126,7 @@ class Page:
         # where its sweep (and any code that tidies uploads) would delete them for everyone.
         gr.set_static_paths([EXAMPLES])
         with gr.Blocks(title="VLM Playground", delete_cache=(UPLOAD_MAX_AGE_S, UPLOAD_MAX_AGE_S)) as demo:
-            gr.Markdown("# VLM Playground\nChat with vision-language models served by vLLM.")
+            gr.Markdown("# VLM Playground\nChat with vision-language models served by vLLM.", elem_id="title")
             with gr.Row(equal_height=True):
                 who = gr.Markdown(elem_id="signed-in")
                 if self.playground.sign_in.mode == "huggingface":
@@ -229,6 +239,7 @@ def launch(demo: gr.Blocks, settings: Settings, block: bool = True, quiet: bool 
         prevent_thread_lock=not block,
         quiet=not block if quiet is None else quiet,
         css=CSS,
+        theme=THEME,
         js=ESCAPE_STOPS,
     )
     return demo
