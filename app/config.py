@@ -514,6 +514,18 @@ class Settings(BaseSettings):
             group="web",
         ),
     ] = ()
+    # An operator's view of the box; off by default, as a public page has no business showing
+    # who uses which model.
+    metrics: Annotated[
+        bool,
+        Doc(
+            "Prometheus metrics at /metrics: engine states, builds, sleeps, waits, speed, memory, "
+            "visitors, and vLLM's own",
+            FLAG,
+            default="off",
+            group="web",
+        ),
+    ] = False
     # Identity is an anonymous cookie by default (`app.views.identity`); a team or a Space can
     # have visitors sign in, so that their history and votes follow the account.
     sign_in: Annotated[

@@ -31,12 +31,16 @@ from app.config import Settings
 from app.engines.base import (
     Engine,
     EngineError,
+    EngineEvents,
     EngineFactory,
     EngineFailure,
     ModelState,
     ModelStatus,
+    NoEvents,
     SamplingSettings,
+    StreamEnd,
     StreamEvent,
+    TextDelta,
     failure_reason,
 )
 from app.engines.memory import MemoryNeed
@@ -113,6 +117,7 @@ class EngineManager:
         factory: EngineFactory,
         clock: Callable[[], float] = time.monotonic,
         progress_interval_s: float = 0.5,
+        events: EngineEvents | None = None,
     ) -> None:
         self._slots = {key: _Slot(card) for key, card in cards.items()}
         self._settings = settings
@@ -129,6 +134,8 @@ class EngineManager:
         self._wait_until: float | None = None
         self._capacity: Capacity | None = None
         self._closing = False
+        # Who is told of builds, sleeps, waits and answers (an operator's metrics).
+        self.events: EngineEvents = events or NoEvents()
 
     # --- what the UI reads -----------------------------------------------------------------
 
@@ -221,10 +228,18 @@ class EngineManager:
             if waited:
                 # Marks the moment the wait ended, so that time to first token excludes it.
                 yield self.status(key)
+            self.events.waited(key, self._clock() - ticket.arrived)
             request_id = f"{key}-{next(self._request_ids)}"
             slot.in_flight.add(request_id)
+            started, first_token = self._clock(), None
             try:
                 async for event in engine.generate(slot.card, messages, sampling, request_id):
+                    if first_token is None and isinstance(event, TextDelta) and event.text:
+                        first_token = self._clock() - started
+                    if isinstance(event, StreamEnd) and event.finish_reason != "abort":
+                        self.events.answered(
+                            key, first_token, event.completion_tokens, self._clock() - started
+                        )
                     yield event
             except EngineFailure as failure:
                 self._mark_failed(slot, engine, str(failure))
@@ -563,12 +578,13 @@ class EngineManager:
         if slot.engine is None:
             slot.devices = devices
         waking = slot.engine is not None and slot.asleep
+        woke = False
         self._set_activity(slot, "loading", "waking from sleep" if waking else "starting")
         try:
             if waking and slot.engine is not None:
                 try:
                     await slot.engine.wake()
-                    slot.asleep = False
+                    slot.asleep, woke = False, True
                 except Exception:
                     log.exception("waking %s failed; rebuilding it", slot.card.key)
                     self._set_phase(slot, "waking failed; rebuilding")
@@ -582,6 +598,7 @@ class EngineManager:
                 slot.asleep = False
             now = self._clock()
             slot.last_build_s = now - started
+            self.events.loaded(slot.card.key, now - started, woke)
             slot.ready_since = slot.last_used = now
             slot.draining = slot.aborting = False
             slot.drain_deadline = None
@@ -590,6 +607,7 @@ class EngineManager:
             raise
         except Exception as error:
             log.exception("loading %s failed", slot.card.key)
+            self.events.load_failed(slot.card.key)
             slot.engine, slot.asleep = None, False
             slot.reason = failure_reason(slot.card, error)
             self._set_activity(slot, "")
@@ -615,8 +633,10 @@ class EngineManager:
             engine = victim.engine
             if sleep and engine is not None:
                 try:
+                    started = self._clock()
                     await engine.sleep()
                     victim.asleep = True
+                    self.events.slept(victim.card.key, self._clock() - started)
                 except Exception:
                     log.exception("putting %s to sleep failed; shutting it down", victim.card.key)
                     sleep = False
@@ -634,7 +654,9 @@ class EngineManager:
             self._stopping.append(engine)
         try:
             if engine is not None:
+                started = self._clock()
                 await engine.shutdown()
+                self.events.unloaded(slot.card.key, self._clock() - started)
         except asyncio.CancelledError:
             # Stopped half way (the app is closing): `close` finishes the job.
             need = self._need(slot)

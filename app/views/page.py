@@ -23,6 +23,7 @@ from app.views.guard import Guard, allowed_hosts
 from app.views.history import HistoryView
 from app.views.identity import Identity, IdentityMiddleware
 from app.views.leaderboard import LEADERBOARD_API, LeaderboardView
+from app.views.metrics import MetricsEndpoint
 from app.views.services import Playground
 from app.views.widgets import EXAMPLES
 
@@ -166,6 +167,7 @@ class Page:
             loaded.then(self.grid.shown, [visit], grid_shown, show_progress="hidden", **PRIVATE)
             demo.unload(self.leave)
         demo.vlm_identity = self.playground.identity  # type: ignore[attr-defined]
+        demo.vlm_metrics = self.playground.metrics  # type: ignore[attr-defined]
         return demo
 
 
@@ -220,11 +222,14 @@ def launch(demo: gr.Blocks, settings: Settings, block: bool = True, quiet: bool 
         if settings.users_file and settings.sign_in == "password"
         else None
     )
+    middleware = [guard, identity]
+    if (registry := getattr(demo, "vlm_metrics", None)) is not None:
+        middleware.append(Middleware(MetricsEndpoint, registry=registry))
     demo.launch(
         auth=auth,
         auth_message="Sign in with the account your team gave you." if auth else None,
         root_path=public_url,
-        app_kwargs={"middleware": [guard, identity]},
+        app_kwargs={"middleware": middleware},
         server_name=settings.host,
         server_port=settings.port,
         share=settings.share,

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from app.catalog.cards import ModelCard
 from app.config import Settings
 from app.domain import compare
@@ -29,11 +31,13 @@ from app.domain.replies import Reply, stream_reply
 from app.domain.sessions import SessionStore, Visit
 from app.engines.base import SamplingError, SamplingSettings, card_sampling, sampling_refusal
 from app.engines.manager import EngineManager
+from app.engines.metrics import EngineMetrics
 from app.media.grounding import draw_answer_boxes
 from app.media.loading import VideoDecoderPool
 from app.storage.history import History
 from app.views.accounts import SignIn
 from app.views.identity import Identity, signing_key
+from app.views.metrics import Visitors
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +98,14 @@ class Playground:
             settings.trusted_proxies,
             secure=(settings.public_url or "").startswith("https://") or bool(os.environ.get("SPACE_HOST")),
         )
+        # An operator's metrics (`APP_METRICS`): the manager tells them what it does.
+        self.metrics: CollectorRegistry | None = None
+        if settings.metrics:
+            engine_metrics = EngineMetrics()
+            engine_metrics.watch(manager)
+            engine_metrics.registry.register(Visitors(self.sessions))
+            manager.events = engine_metrics
+            self.metrics = engine_metrics.registry
         # Who signed in, where the operator turned sign-in on (`app.views.accounts`).
         self.sign_in = SignIn(settings.sign_in, settings.sign_in_header, settings.trusted_proxies)
         self.loop: asyncio.AbstractEventLoop | None = None
