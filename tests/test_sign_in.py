@@ -186,6 +186,7 @@ def history_titles(page: Page) -> list[str]:
     return page.locator("#history-list label").all_inner_texts()
 
 
+@pytest.mark.slow
 def test_behind_a_proxy_the_account_header_carries_history_across_devices(browser: Browser, tmp_path: Path):
     # Chromium connects from 127.0.0.1, the proxy here; the header is what the proxy sets.
     port = free_port()
@@ -219,6 +220,7 @@ def test_behind_a_proxy_the_account_header_carries_history_across_devices(browse
         close()
 
 
+@pytest.mark.slow
 def test_with_passwords_gradios_login_page_signs_in_and_the_account_keeps_its_history(
     browser: Browser, tmp_path: Path
 ):
