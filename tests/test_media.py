@@ -438,3 +438,20 @@ def test_the_shipped_examples_load_through_the_pipeline():
     assert frames.shape == (16, 240, 320, 3) and metadata["total_num_frames"] == 48
     assert timestamps[-1] == pytest.approx(47 / 12, abs=0.01)
     assert sum(f.stat().st_size for f in examples.iterdir()) < 200_000
+
+
+def test_frames_leave_the_worker_no_larger_than_any_processor_uses(decoder, tmp_path):
+    """16 frames of a 4K clip were about 400 MB through the pipe at full size, then resized again
+    by the model's processor: they now leave the worker at most `frame_max_side` long (aspect
+    kept, levels kept), under 50 MB in all."""
+    clip = write_video(tmp_path / "4k.mp4", seconds=1.6, fps=10, size=(3840, 2160), keyframe_every=10)
+    frames, metadata, _ = decoder.decode(clip, num_frames=16)
+    limit = VideoLimits().frame_max_side
+    assert frames.shape == (16, round(2160 * limit / 3840), limit, 3), frames.shape
+    assert frames.nbytes < 50 * 10**6
+    assert metadata["frames_resized_from"] == [2160, 3840]
+    assert (metadata["width"], metadata["height"]) == (3840, 2160)  # the clip's own, as probed
+    assert frame_levels(frames) == list(range(16))  # each frame is still the one sampled
+    # Small clips pass untouched.
+    small, small_metadata, _ = decoder.decode(write_video(tmp_path / "small.mp4"), num_frames=4)
+    assert small.shape[1:3] == (48, 64) and small_metadata["frames_resized_from"] is None

@@ -285,8 +285,10 @@ async def make_turn(
             turn.frames = save_thumbnails(clip, session.folder / f"{kept.stem}-frames")
             count, height, width = clip.frames.shape[:3]
             span = f" from {clip.timestamps[0]:.1f} s to {clip.timestamps[-1]:.1f} s" if count else ""
+            resized = clip.metadata.get("frames_resized_from")
+            source = f" (scaled from {resized[1]}×{resized[0]})" if resized else ""
             turn.media.append(
-                f"{Path(upload).name}: video, {size}, {count} frames of {width}×{height} px{span}"
+                f"{Path(upload).name}: video, {size}, {count} frames of {width}×{height} px{source}{span}"
             )
         else:
             # Loaded now to refuse a bad image before the answer starts, not during it.

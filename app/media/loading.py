@@ -163,6 +163,11 @@ class VideoLimits:
     max_bytes: int = 500 * 1024 * 1024
     max_duration_s: float = 600.0
     max_side: int = 3840
+    # Frames leave the worker at most this long on their longest side: no card's processor uses
+    # more for a video frame (Qwen2-VL's 602,112 pixels a frame are 1036x582 at 16:9; LLaVA's,
+    # InternVL's and Gemma's 336 to 896 px squares are smaller), and 16 frames of a 4K clip at
+    # full size are about 400 MB through the pipe, then resized again by the processor.
+    frame_max_side: int = 1120
     default_frames: int = 16
     max_frames: int = 64
     timeout_s: float = 30.0
@@ -344,6 +349,8 @@ def decode_video(
         except Exception:
             if backend == list(chosen)[-1]:
                 raise
+    decoded_size = frames.shape[1:3]
+    frames = fit_frames(frames, limits.frame_max_side)
     metadata = {
         "fps": native_fps,
         "duration": total / native_fps,
@@ -353,8 +360,23 @@ def decode_video(
         "width": probe["width"],
         "height": probe["height"],
         "codec": probe["codec"],
+        # The frames' own size, where the worker made them smaller than decoded.
+        "frames_resized_from": list(decoded_size) if frames.shape[1:3] != decoded_size else None,
     }
     return VideoClip(frames, metadata, timestamps)
+
+
+def fit_frames(frames: np.ndarray, max_side: int) -> np.ndarray:
+    """`frames` (T, H, W, 3) with their longest side at most `max_side`, aspect kept; area
+    averaging, as a processor's own downscale would (no aliasing on fine detail)."""
+    height, width = frames.shape[1:3]
+    if max(height, width) <= max_side:
+        return frames
+    import cv2
+
+    scale = max_side / max(height, width)
+    size = (max(1, round(width * scale)), max(1, round(height * scale)))
+    return np.stack([cv2.resize(frame, size, interpolation=cv2.INTER_AREA) for frame in frames])
 
 
 def _probe(path: str) -> dict[str, Any]:
