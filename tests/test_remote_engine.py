@@ -5,6 +5,8 @@ test starts on a tiny model (`python -m vllm.entrypoints.openai.api_server`, whi
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import os
 import subprocess
 import sys
@@ -168,7 +170,9 @@ async def collect_key(manager: EngineManager, key: str) -> None:
 
 def test_chat_messages_carry_images_and_sampled_frames_with_their_timestamps(tmp_path):
     clip = load_video(write_video(tmp_path / "c.mp4", seconds=2.0, fps=10), num_frames=5)
-    image = Image.new("RGB", (8, 8), "red")
+    image = Image.fromarray(
+        np.random.default_rng(0).integers(0, 255, (8, 8, 3), dtype=np.uint8)
+    )  # noise: a JPEG changes it
     messages = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "What?"}]},
@@ -177,7 +181,11 @@ def test_chat_messages_carry_images_and_sampled_frames_with_their_timestamps(tmp
     ]
     chat, video_kwargs = chat_messages(messages)
     assert [m["role"] for m in chat] == ["system", "user", "assistant", "user"]
-    assert chat[1]["content"][0]["image_url"]["url"].startswith("data:image/jpeg;base64,")
+    url = chat[1]["content"][0]["image_url"]["url"]
+    assert url.startswith("data:image/png;base64,")
+    # Lossless: the server gets the very pixels (a JPEG blurred small print for OCR models).
+    sent = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+    assert sent.tobytes() == image.tobytes()
     video_url = chat[3]["content"][0]["video_url"]["url"]
     assert video_url.startswith("data:video/jpeg;base64,") and video_url.count(",") == 5
     assert video_kwargs["frames_indices"] == list(clip.metadata["frames_indices"])

@@ -1,8 +1,9 @@
 """A model served by an OpenAI-compatible vLLM server (`vllm serve ...`) on another machine.
 
 The server applies the model's own chat template, so the conversation goes as chat messages
-with image parts (JPEG data URLs) and video parts (the frames this app sampled, as vLLM's
-`video/jpeg` data URL, with their timestamps passed as `media_io_kwargs`).
+with image parts (PNG data URLs: lossless, as OCR models need every stroke) and video parts (the
+frames this app sampled, as vLLM's `video/jpeg` data URL, the one frame format it takes, with
+their timestamps passed as `media_io_kwargs`).
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ def chat_messages(messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, An
             continue
         parts: list[dict[str, Any]] = []
         for image in turn.images:
-            parts.append({"type": "image_url", "image_url": {"url": _jpeg_data_url(image)}})
+            parts.append({"type": "image_url", "image_url": {"url": _png_data_url(image)}})
         for video in turn.videos:
             frames, metadata = (video[0], video[1]) if isinstance(video, tuple) else (video, {})
             encoded = ",".join(_jpeg_base64(frame) for frame in frames)
@@ -209,8 +210,12 @@ def _jpeg_base64(image: Any) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def _jpeg_data_url(image: Any) -> str:
-    return f"data:image/jpeg;base64,{_jpeg_base64(image)}"
+def _png_data_url(image: Any) -> str:
+    """A picture as the server gets it: PNG, so that it reaches the model pixel for pixel (the
+    JPEG at quality 92 sent before blurred small print)."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", compress_level=1)  # fast; size matters less than time here
+    return f"data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode('ascii')}"
 
 
 def _message(error: Any) -> str:
