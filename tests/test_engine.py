@@ -297,7 +297,7 @@ def test_an_unknown_model_is_refused_with_a_message(loop, manager):
         loop.run(answer(manager, "gpt-9", ask("hi")))
 
 
-def test_twenty_swaps_leave_memory_and_processes_where_they_started(loop, tiny_cards, quiet):
+def test_eight_swaps_leave_memory_and_processes_where_they_started(loop, tiny_cards, quiet):
     manager = EngineManager(tiny_cards, SETTINGS, VllmEngineFactory(SETTINGS))
 
     async def swaps(count: int) -> None:
@@ -311,14 +311,16 @@ def test_twenty_swaps_leave_memory_and_processes_where_they_started(loop, tiny_c
         loop.run(swaps(2), timeout=600)
         loop.run(manager.close())
         baseline_rss, baseline_children = process_tree_memory()
-        loop.run(swaps(20), timeout=1200)
+        # Eight: a leak of an engine's worth (tens of MiB a swap) shows; the 20-swap figure is
+        # the benchmark's (`bench/bench_engine.py`), and cost the suite four minutes here.
+        loop.run(swaps(8), timeout=1200)
         loop.run(manager.close())
         rss, children = process_tree_memory()
     finally:
         loop.run(manager.close())
     assert children == baseline_children
-    # Stated tolerance: 100 MiB for the whole process tree (measured: about 15 MiB).
-    assert rss - baseline_rss < 100 * 2**20, f"grew {(rss - baseline_rss) >> 20} MiB over 20 swaps"
+    # Stated tolerance: 100 MiB for the whole process tree (measured: about 15 MiB over 20).
+    assert rss - baseline_rss < 100 * 2**20, f"grew {(rss - baseline_rss) >> 20} MiB over 8 swaps"
 
 
 def test_the_model_state_describes_itself_for_the_ui():
