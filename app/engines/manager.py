@@ -36,7 +36,6 @@ from app.engines.base import (
     EngineFailure,
     ModelState,
     ModelStatus,
-    NoEvents,
     SamplingSettings,
     StreamEnd,
     StreamEvent,
@@ -135,7 +134,7 @@ class EngineManager:
         self._capacity: Capacity | None = None
         self._closing = False
         # Who is told of builds, sleeps, waits and answers (an operator's metrics).
-        self.events: EngineEvents = events or NoEvents()
+        self.events: EngineEvents = events or EngineEvents()
 
     # --- what the UI reads -----------------------------------------------------------------
 

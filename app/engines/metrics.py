@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from app.engines.base import ModelState
+from app.engines.base import EngineEvents, ModelState
 
 if TYPE_CHECKING:
     from app.engines.manager import EngineManager
@@ -33,7 +33,7 @@ TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 SPEED_BUCKETS = (1, 2, 5, 10, 20, 40, 60, 100, 150, 250, 500)
 
 
-class EngineMetrics:
+class EngineMetrics(EngineEvents):
     """The manager's `EngineEvents`, counted; `watch(manager)` adds its state at each scrape."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -90,7 +90,7 @@ class EngineMetrics:
     def watch(self, manager: EngineManager) -> None:
         self.registry.register(_ManagerState(manager))
 
-    # --- EngineEvents ---
+    # --- what the manager tells (EngineEvents) ---
 
     def loaded(self, key: str, seconds: float, woke: bool) -> None:
         how = "wake" if woke else "build"
