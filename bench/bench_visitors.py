@@ -45,7 +45,9 @@ import psutil
 from playwright.async_api import Browser, BrowserContext, Page, async_playwright
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from chromium import CHROMIUM, CHROMIUM_FLAGS  # noqa: E402
 
 from app.demo.models import DEMO_MODELS  # noqa: E402
 from app.storage.history import (  # noqa: E402
@@ -60,19 +62,6 @@ from app.storage.history import (  # noqa: E402
 from app.views.chat import PREPARING, WAITING  # noqa: E402
 
 EXAMPLES = ROOT / "static" / "examples"
-CHROMIUM = "/usr/bin/chromium"
-# As the tests launch it (`tests/test_ui.py`): without the background-networking flags Chromium
-# keeps dialling Google on a closed network.
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 # Questions the seeing model answers (it was trained on them); the twins answer anything.
 QUESTIONS = [
     ("What shape is it?", "one_shape.png"),

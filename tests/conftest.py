@@ -80,3 +80,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
             item.add_marker(pytest.mark.vllm)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Chromium for a module's browser tests: one per module, since Playwright's sync API holds
+    the thread's event loop while it runs (the other modules' `asyncio.run` needs it free)."""
+    from chromium import CHROMIUM, CHROMIUM_FLAGS
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        yield chromium
+        chromium.close()

@@ -11,12 +11,12 @@ import secrets
 import stat
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import gradio as gr
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 from ports import free_port
 from starlette.requests import Request
 
@@ -40,8 +40,6 @@ from app.views.accounts import (
 from app.views.page import Page as AppPage
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 PASSWORDS = {"alice": "correct horse battery", "bob": "staple of the stable"}
 
 
@@ -168,14 +166,6 @@ def serve(settings: Settings, folder: Path) -> tuple[Callable[[], None], History
 def stored_chat(history: History, visitor: str, title: str) -> None:
     record = ConversationRecord(id=new_id(), title=title, model="demo_seeing", turns=[TurnRecord(text=title)])
     history.save(visitor, record)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        yield chromium
-        chromium.close()
 
 
 def history_titles(page: Page) -> list[str]:

@@ -25,7 +25,7 @@ import httpx
 import pytest
 from gradio.utils import get_upload_folder
 from PIL import Image
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 from ports import free_port
 
 from app.catalog.cards import ModelCard, load_cards
@@ -48,18 +48,6 @@ EXAMPLES = ROOT / "static" / "examples"
 # Tests leave the tracked tree clean: screenshots go to test-artifacts/ (ignored), and into the
 # README's folder only when asked (`make screenshots`).
 SCREENSHOTS = ROOT / ("docs" if os.environ.get("UPDATE_SCREENSHOTS") else "test-artifacts") / "screenshots"
-CHROMIUM = "/usr/bin/chromium"
-# Without the background-networking flags Chromium keeps dialling Google on a closed network.
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 UPLOAD_LIMIT = 5 * 10**6
 TINY_A, TINY_B, GREEDY = "demo_qwen2_vl", "demo_llava", "greedy_twin"
 # Their labels in the model pickers: twins of Qwen2-VL and LLaVA-1.5, two prompt formats.
@@ -133,14 +121,6 @@ def served(
     playground.close()
     demo.close()
     decoder.close()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture
