@@ -75,11 +75,72 @@ def tiny_cards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 ENGINE_FIXTURES = {"loop", "tiny_cards"}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
+    # Before the other plugins' hooks, so that `-m "not slow"` leaves the engine tests out.
     for item in items:
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
             item.add_marker(pytest.mark.vllm)
+    yield
+    # After them (pytest orders a module's tests by their fixtures' params): the longest groups
+    # first, so that under `make test` short ones fill in at the end; a group's tests stay
+    # together, so that a plain `pytest` run builds no engine twice either.
+    first_seen: dict[str, int] = {}
+    for index, item in enumerate(items):
+        first_seen.setdefault(work_group(item.nodeid), index)
+    rank = {group: place for place, group in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: (rank.get(group := work_group(item.nodeid), len(rank)), first_seen[group]))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`make test` runs on two workers (pytest-xdist, `-n 2 --dist loadscope`), each taking a
+    whole group at a time, in the order above. xdist's own groups (`--dist loadgroup`) are lost
+    under pytest 9.2, which no longer reads the node id xdist 3.8 rewrites to name a group."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_group(nodeid)
+
+    return ByWorkGroup(config, log)
+
+
+# The longest groups, measured with `--durations` (docs/TESTING.md): the browser modules, the
+# engine modules that build many engines, the twins whose processors are slowest to start. A
+# group missing here only starts later: it changes the suite's time, never its verdict.
+LONGEST_FIRST = (
+    "tests/test_ui_views.py",
+    "tests/test_ui_chat.py",
+    "tests/test_engine.py",
+    "tests/test_seeing.py",
+    "tests/test_arena.py",
+    "tests/test_sign_in.py",
+    "tests/test_grid.py",
+    "tests/test_twins.py[gemma3n]",
+    "tests/test_twins.py[ovis2_5]",
+    "tests/test_twins.py[deepseek_vl_v2]",
+    "tests/test_twins.py[qwen3_vl_moe]",
+    "tests/test_twins.py[qwen2_5_omni]",
+    "tests/test_twins.py[ovis]",
+    "tests/test_main.py",
+    "tests/test_shutdown.py",
+    "tests/test_scheduler_sim.py",
+)
+# Its engine is built per twin (a module fixture per param): each twin is a group of its own.
+TWINS_MODULE = "tests/test_twins.py"
+
+
+def work_group(nodeid: str) -> str:
+    """What one worker runs together: a module, so that its engine or browser (module fixtures)
+    is built once; but each twin apart, since the twins' module is a third of the suite."""
+    module = nodeid.split("::")[0]
+    if module == TWINS_MODULE and nodeid.endswith("]"):
+        return f"{module}[{nodeid[nodeid.index('[') + 1 : -1]}]"
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +154,24 @@ def browser() -> Iterator[Any]:
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
         yield chromium
         chromium.close()
+
+
+# The page's test bench (`ui_pages.py`), for the browser tests: a module's own server, and a
+# fresh page per test. Imported on use, so that the tests without a page import no Gradio here.
+@pytest.fixture(scope="module")
+def served(tiny_cards: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from ui_pages import serve
+
+    yield from serve(tiny_cards, tmp_path_factory)
+
+
+@pytest.fixture
+def open_page(browser: Any, served: Any) -> Iterator[Any]:
+    from ui_pages import page_opener
+
+    yield from page_opener(browser, served)
+
+
+@pytest.fixture
+def page(open_page: Any) -> Any:
+    return open_page()

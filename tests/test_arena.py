@@ -1,6 +1,7 @@
 """The arena: its rules as properties (which pairs are drawn, the vote limit, nothing named
 before the vote), then whole battles through the arena's handlers on the real engine with the
-demo twins and a real SQLite database. The page itself is tested in Chromium (`test_ui.py`)."""
+demo twins and a real SQLite database. The page itself is tested in Chromium
+(`test_ui_views.py`)."""
 
 from __future__ import annotations
 

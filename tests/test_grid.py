@@ -2,7 +2,7 @@
 and broken files, hostile zips, per-model limits), runs on the real engine with the seeing demo
 model (whose answers can be checked) and a random-weight twin, stopped and resumed, giving way
 to a chat user, and the command line's reports. The Grid tab is tested in Chromium
-(`test_ui.py`)."""
+(`test_ui_chat.py`, `test_ui_views.py`)."""
 
 from __future__ import annotations
 

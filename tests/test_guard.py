@@ -1,6 +1,6 @@
 """The request guard (`app.views.guard`) in front of a real ASGI app that echoes what reaches it:
 what a hostile request can and cannot make the app see. The whole page behind it is tested in
-Chromium (`test_ui.py`)."""
+Chromium (`test_ui_chat.py`, `test_ui_views.py`)."""
 
 from __future__ import annotations
 

@@ -283,3 +283,26 @@ def test_a_busy_port_is_one_line_before_anything_is_built(tmp_path: Path):
     assert done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
     assert f"port {port} on 127.0.0.1 cannot be used" in done.stderr and "--port" in done.stderr
     assert not (tmp_path / "demo").exists()  # refused before the demo models were built
+
+
+def test_vllm_sockets_fit_however_deep_the_apps_folder_is(tmp_path: Path):
+    """Under a deep folder (a long APP_DEMO_DIR, a test's temporary folder), every engine build
+    failed: vLLM's socket path went past the 107 bytes a Unix socket's name may have."""
+    import tempfile
+    import uuid
+
+    from app.demo.models import use_local_vllm_environment
+
+    short = Path(tempfile.mkdtemp(prefix="vllm-test-"))
+    for scratch in (short, tmp_path / ("deep-" * 20) / "vllm"):
+        environ: dict[str, str] = {}
+        use_local_vllm_environment(scratch, environ)
+        folder = Path(environ["VLLM_RPC_BASE_PATH"])
+        folder.mkdir(parents=True, exist_ok=True)
+        with socket.socket(socket.AF_UNIX) as server:
+            server.bind(str(folder / str(uuid.uuid4())))  # as vLLM names its sockets
+        assert environ["VLLM_CACHE_ROOT"].startswith(str(scratch))
+        if folder != scratch:  # a folder of its own, private to the app
+            assert folder.stat().st_mode & 0o077 == 0
+        shutil.rmtree(folder)
+    assert folder != scratch

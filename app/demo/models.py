@@ -8,6 +8,7 @@ two different models.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import MutableMapping
 from pathlib import Path
 
@@ -76,11 +77,24 @@ def use_local_vllm_environment(scratch: Path, environ: MutableMapping[str, str] 
         TRANSFORMERS_OFFLINE="1",
         VLLM_NO_USAGE_STATS="1",
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
-        VLLM_RPC_BASE_PATH=str(scratch),
+        VLLM_RPC_BASE_PATH=str(socket_folder(scratch)),
         VLLM_CACHE_ROOT=str(scratch / "cache"),
         TORCHINDUCTOR_CACHE_DIR=str(scratch / "inductor"),
     )
     environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+
+
+# A Unix socket's path holds at most 107 bytes, and vLLM names its sockets `<folder>/<uuid4>`
+# (37 more): in a deeper folder every engine build fails with a ZMQ error about the path.
+SOCKET_FOLDER_MAX_BYTES = 107 - 37
+
+
+def socket_folder(scratch: Path) -> Path:
+    """`scratch` where vLLM's socket names fit under it, else a private folder of the system's
+    temporary folder (a deep home, a long `APP_DEMO_DIR`, a test's own temporary folder)."""
+    if len(os.fsencode(scratch.resolve())) <= SOCKET_FOLDER_MAX_BYTES:
+        return scratch
+    return Path(tempfile.mkdtemp(prefix="vllm-"))
 
 
 def with_demo_models(cards: dict[str, ModelCard], settings: Settings) -> dict[str, ModelCard]:

@@ -1,0 +1,401 @@
+"""The chat view end to end: the real Gradio server, the real vLLM engine on the demo twins and
+the seeing model, and Debian's Chromium driven by Playwright (the bench: `ui_pages.py`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from PIL import Image
+from playwright.sync_api import Browser, Page
+from ui_pages import (
+    EXAMPLES,
+    LABEL_A,
+    LABEL_B,
+    TINY_A,
+    RecordingFactory,
+    answer_labels,
+    bot_messages,
+    pick,
+    poll,
+    send,
+    set_max_tokens,
+    shoot,
+    user_messages,
+    wait_for_answer,
+    wait_until_answering,
+    warning,
+)
+
+from app.demo.seeing_model import SEEING_KEY
+from app.demo.shapes import Drawn, picture
+from app.views import Playground
+from app.views.chat import WAITING
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+# --- the chat view ---------------------------------------------------------------------------
+
+
+def test_an_image_question_gets_a_streamed_answer(page: Page):
+    send(page, "What shapes do you see?", [EXAMPLES / "shapes.png"])
+    seen: list[int] = []
+    while "engine counted" not in page.inner_text("#prompt-size"):
+        answers = bot_messages(page)
+        if answers and not answers[-1].startswith(WAITING):
+            seen.append(len(answers[-1]))
+        time.sleep(0.05)
+    final = wait_for_answer(page)
+    partial = {length for length in seen if 0 < length < len(final)}
+    assert len(partial) >= 2, f"the answer arrived in one piece, not streamed: {seen[:20]}"
+    assert page.locator("#chat [data-testid=user] img").count() == 1
+    assert re.search(
+        r"Prompt: about \d+ of 4,096 tokens .*the engine counted \d+", page.inner_text("#prompt-size")
+    )
+    assert "ready" in page.inner_text("#model-state")
+    shoot(page, "chat.png")
+
+
+def test_a_video_turn_shows_the_sampled_frames_with_their_times(page: Page):
+    send(page, "How does the ball move?", [EXAMPLES / "bouncing_ball.mp4"])
+    captions = page.locator("#chat .caption-label")
+    poll(lambda: captions.count() == 16)
+    times = [float(text.removesuffix(" s")) for text in captions.all_inner_texts()]
+    assert times[0] == 0.0 and times == sorted(times) and times[-1] > 3.0
+    # Every frame is inside the chat's width, none cut off past its edge (6 of 16 were).
+    chat = page.locator("#chat").bounding_box()
+    strip = page.locator("#chat [data-testid=user]").filter(has=page.locator(".caption-label")).last
+    frames = [image.bounding_box() for image in strip.locator("img").all()]
+    assert len(frames) == 16 and chat is not None
+    left, right = chat["x"], chat["x"] + chat["width"]
+    assert all(f and left <= f["x"] and f["x"] + f["width"] <= right for f in frames), (chat, frames)
+    wait_for_answer(page)
+    assert page.locator("#chat video").count() == 1
+    shoot(page, "chat-video.png")
+
+
+def test_stop_ends_the_answer_in_the_engine_and_the_chat_goes_on(
+    page: Page, served: tuple[Playground, str, RecordingFactory]
+):
+    playground = served[0]
+    set_max_tokens(page, "chat", 4096)
+    send(page, "Tell me a long story.")
+    wait_until_answering(page, answers=1, timeout_s=120)
+    # While it streams, the box's Send button is a Stop button, and Escape presses it.
+    stop = page.locator("#chat-input button.stop-button")
+    assert stop.is_visible() and not page.locator("#chat-input button.submit-button").is_visible()
+    page.keyboard.press("Escape")
+    poll(lambda: answer_labels(page) and answer_labels(page)[-1].endswith("stopped"))
+    poll(lambda: playground.manager.unfinished_requests(TINY_A) == 0, 10)
+    stopped = bot_messages(page)[-1]
+    time.sleep(1)
+    assert bot_messages(page)[-1] == stopped
+    poll(lambda: page.locator("#chat-input button.submit-button").is_visible(), 10)
+    set_max_tokens(page, "chat", 32)
+    send(page, "Go on.")
+    wait_for_answer(page, answers=2)
+    assert len(bot_messages(page)) == 2 and not answer_labels(page)[-1].endswith("stopped")
+
+
+def test_each_answer_is_labelled_with_its_model_and_opens_to_the_exact_prompt(page: Page):
+    """Answers were not labelled: after a model switch mid-conversation they looked the same."""
+    set_max_tokens(page, "chat", 16)
+    send(page, "What shapes do you see?", [EXAMPLES / "shapes.png"])
+    wait_for_answer(page)
+    counted = re.search(r"the engine counted (\d+)", page.inner_text("#prompt-size"))
+    label = r" · first token \d+\.\d\d s · 16 tokens · \d+\.\d tok/s · cut at the token limit"
+    assert re.fullmatch(re.escape(LABEL_A) + label, answer_labels(page)[0]), answer_labels(page)
+    page.locator("#chat .thought-group .title").first.click()
+    opened = poll(
+        lambda: "Media" in (text := page.locator("#chat .thought-group").first.inner_text()) and text
+    )
+    assert counted and f"Prompt ({counted[1]} tokens, as the engine counted them)" in opened
+    assert "<|vision_start|><|image_pad|><|vision_end|>What shapes do you see?<|im_end|>" in opened
+    width, height = Image.open(EXAMPLES / "shapes.png").size
+    assert "shapes.png: image, " in opened and f"{width}×{height} px" in opened
+    assert "max tokens 16" in opened and "seed random" in opened
+    pick(page, "model", LABEL_B)
+    send(page, "And what do you see?")
+    wait_for_answer(page, answers=2, timeout_s=180)
+    assert [label.split(" · ")[0] for label in answer_labels(page)] == [LABEL_A, LABEL_B]
+
+
+def test_a_second_enter_while_an_answer_streams_is_sent_when_it_ends(
+    page: Page, served: tuple[Playground, str, RecordingFactory]
+):
+    """It was dropped without a word."""
+    factory = served[2]
+    set_max_tokens(page, "chat", 128)
+    send(page, "A first question")
+    wait_until_answering(page, answers=1, timeout_s=120)
+    send(page, "Typed while the first answer streams")
+    wait_for_answer(page, answers=2, timeout_s=180)
+    assert user_messages(page) == 2
+    first, second = (json.dumps(messages, default=str) for messages in factory.asked[-2:])
+    assert "Typed while" not in first and "Typed while the first answer streams" in second
+    assert not answer_labels(page)[0].endswith("stopped")
+
+
+def test_a_reload_keeps_the_conversation_and_the_model(
+    page: Page, served: tuple[Playground, str, RecordingFactory]
+):
+    factory = served[2]
+    pick(page, "model", LABEL_B)
+    set_max_tokens(page, "chat", 16)
+    send(page, "Remember the lighthouse", [EXAMPLES / "shapes.png"])
+    answer = wait_for_answer(page, timeout_s=180)
+    page.reload()
+    page.wait_for_selector("#chat-input textarea")
+    poll(lambda: bot_messages(page) == [answer], 30)
+    assert page.locator("#chat [data-testid=user] img").count() == 1
+    assert LABEL_B in page.input_value("#model input")
+    send(page, "And then?")
+    wait_for_answer(page, answers=2, timeout_s=180)
+    assert "lighthouse" in json.dumps(factory.asked[-1], default=str)
+
+
+def test_a_closed_tab_leaves_no_files_behind(
+    open_page: Callable[[], Page], served: tuple[Playground, str, RecordingFactory]
+):
+    """Gradio ends the session when the tab closes; its folder (the tab's own copies of what it
+    sent) is deleted after the reload grace period (20 s here), not left for hours. The uploads
+    are Gradio's, shared by identical uploads of other tabs, and its own sweep takes them."""
+    sessions = served[0].sessions
+    page = open_page()
+    set_max_tokens(page, "chat", 16)
+    send(page, "What is this?", [EXAMPLES / "shapes.png"])
+    wait_for_answer(page)
+    token = page.evaluate("sessionStorage.getItem('vlm-playground-session')")
+    chat = sessions.visits[token].chat
+    folder = chat.folder
+    assert folder.exists() and list(folder.iterdir())
+    page.context.close()
+    poll(lambda: not folder.exists(), 120)
+    assert token not in sessions.visits and (EXAMPLES / "shapes.png").is_file()
+
+
+def test_the_seeing_demo_model_answers_about_the_picture_sent_in_the_page_and_the_api(
+    page: Page, served: tuple[Playground, str, RecordingFactory], tmp_path: Path
+):
+    """The pixels a user sends through the page (and the API) are the pixels the model sees."""
+    from gradio_client import Client, handle_file
+
+    pictures = {}
+    for colour, side in (("red", "left"), ("blue", "right")):
+        pictures[colour] = tmp_path / f"{colour}.png"
+        picture(random.Random(3), [Drawn(colour, "square", side)], (240, 180)).save(pictures[colour])
+    pick(page, "model", "Shapes and colours")
+    # Its examples come first: a picture of a blue triangle on the right.
+    page.get_by_text("What shape is it?", exact=True).first.click()
+    poll(lambda: page.locator("#chat-input textarea").input_value() == "What shape is it?")
+    page.press("#chat-input textarea", "Enter")
+    assert wait_for_answer(page, timeout_s=180).strip() == "triangle"
+    page.click("#clear")
+    poll(lambda: user_messages(page) == 0)
+    send(page, "What colour is the shape?", [pictures["red"]])
+    assert wait_for_answer(page, timeout_s=180).strip() == "red"
+    send(page, "Which side of the picture is the shape on?", [pictures["blue"]])
+    assert wait_for_answer(page, answers=2, timeout_s=60).strip() == "right"
+    client = Client(served[1], verbose=False)
+    message = {"text": "What colour is the shape?", "files": [handle_file(str(pictures["blue"]))]}
+    assert client.predict(message, SEEING_KEY, "", 0.0, 1.0, 16, None, api_name="/chat").strip() == "blue"
+
+
+def test_two_pictures_then_a_third_in_a_follow_up_all_reach_the_model(
+    page: Page, served: tuple[Playground, str, RecordingFactory]
+):
+    """The core promise: several pictures in a message, and a follow-up picture, in one chat."""
+    factory = served[2]
+    set_max_tokens(page, "chat", 8)
+    send(page, "Compare these two.", [EXAMPLES / "shapes.png", EXAMPLES / "bar_chart.png"])
+    wait_for_answer(page)
+    send(page, "And this one?", [EXAMPLES / "green_square.png"])
+    wait_for_answer(page, answers=2)
+    assert "Clear" not in page.inner_text("#notice") and "new chat" not in page.inner_text("#notice")
+    parts = [p for m in factory.asked[-1] for p in m["content"] if isinstance(p, dict)]
+    assert [p["type"] for p in parts].count("image") == 3
+    # Past the model's four a prompt: the oldest is left out, and the chat says which.
+    send(page, "Two more.", [EXAMPLES / "one_shape.png", EXAMPLES / "three_shapes.png"])
+    wait_for_answer(page, answers=3)
+    assert "no longer sees shapes.png" in page.inner_text("#notice")
+    parts = [p for m in factory.asked[-1] for p in m["content"] if isinstance(p, dict)]
+    assert [p["type"] for p in parts].count("image") == 4
+    assert any("an earlier picture was here" in p.get("text", "") for p in parts)
+
+
+def test_the_chats_own_trash_icon_clears_the_conversation_the_model_gets(
+    page: Page, served: tuple[Playground, str, RecordingFactory]
+):
+    factory = served[2]
+    set_max_tokens(page, "chat", 8)
+    send(page, "An old question about a lighthouse")
+    wait_for_answer(page)
+    page.locator("#chat button[aria-label='Clear']").click()
+    poll(lambda: user_messages(page) == 0 and not bot_messages(page))
+    send(page, "A new question")
+    wait_for_answer(page)
+    assert user_messages(page) == 1
+    assert "lighthouse" not in json.dumps(factory.asked[-1], default=str)
+
+
+def test_undo_regenerate_and_clear(page: Page):
+    set_max_tokens(page, "chat", 16)
+    send(page, "First question")
+    wait_for_answer(page)
+    send(page, "Second question")
+    wait_for_answer(page, answers=2)
+    assert user_messages(page) == 2
+    page.click("#undo")
+    poll(lambda: user_messages(page) == 1)
+    assert page.input_value("#chat-input textarea") == "Second question"
+    first_answer = bot_messages(page)[0]
+    # The twin's random weights answer alike whatever the seed; a longer limit shows that
+    # the answer was made again, with the settings of now.
+    set_max_tokens(page, "chat", 64)
+    page.click("#regenerate")
+    poll(lambda: (answers := bot_messages(page)) and len(answers[0]) > len(first_answer))
+    wait_for_answer(page)
+    assert user_messages(page) == 1 and len(bot_messages(page)) == 1
+    page.click("#clear")
+    poll(lambda: user_messages(page) == 0 and not bot_messages(page))
+
+
+def test_switching_models_shows_the_load_progress_in_the_chat(page: Page):
+    pick(page, "model", LABEL_B)
+    page.click("#model-card-box button")
+    poll(lambda: LABEL_B in page.inner_text("#model-card"))
+    card = page.inner_text("#model-card")
+    # Named by the repository it copies: its folder on the server (`tiny-twins` here) was shown.
+    assert "a random-weight twin of llava-hf/llava-1.5-7b-hf" in card and "tiny-twins" not in card
+    assert "random weights" in card
+    send(page, "Hello, second model.")
+    progress = poll(lambda: next((a for a in bot_messages(page) if a.startswith(WAITING)), None), 60)
+    assert re.search(r"is (queued|loading|unloading)", progress)
+    shoot(page, "loading.png")
+    wait_for_answer(page, timeout_s=180)
+    assert not bot_messages(page)[-1].startswith(WAITING)
+    poll(lambda: "ready" in page.inner_text("#model-state"), 10)
+
+
+def test_models_this_machine_cannot_serve_are_listed_with_the_reason_not_offered(page: Page):
+    """60 entries said "(unavailable)" with no reason, could be picked, and were refused on send."""
+    page.click("#model input")
+    offered = page.get_by_role("option").all_inner_texts()
+    assert any(LABEL_A in option for option in offered)
+    assert not any("Qwen2.5-VL 3B" in option for option in offered)
+    page.keyboard.press("Escape")
+    reason = "Qwen2.5-VL 3B Instruct: needs an NVIDIA GPU; this machine has none"
+    for _ in range(3):  # a click that only closed the dropdown list opens nothing: click again
+        page.click("#unavailable button")
+        try:
+            poll(lambda: reason in page.inner_text("#unavailable"), 5)
+            break
+        except AssertionError:
+            continue
+    assert reason in page.inner_text("#unavailable")
+
+
+def test_on_a_phone_the_model_picker_and_the_message_box_are_near_the_top(
+    browser: Browser, served: tuple[Playground, str, RecordingFactory]
+):
+    """At 390x844 the picker and settings sat 1,500 px down, below buttons and examples."""
+    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    try:
+        page = context.new_page()
+        page.goto(served[1])
+        page.wait_for_selector("#chat-input textarea")
+        picker = page.locator("#model").bounding_box()
+        assert picker and picker["y"] + picker["height"] <= 844, picker
+        chat, box = page.locator("#chat").bounding_box(), page.locator("#chat-input").bounding_box()
+        assert chat and box and picker["y"] < chat["y"] < box["y"] < 2 * 844, (chat, box)
+        # The sidebar's toggle does not cover the title, and a long model name stops short of
+        # the picker's arrow ("...") instead of running under it.
+        toggle, title = page.locator("#history .toggle-button").bounding_box(), page.locator("#title h1")
+        assert toggle and toggle["x"] + toggle["width"] <= title.evaluate(
+            "h => h.getBoundingClientRect().left + parseFloat(getComputedStyle(h).paddingLeft)"
+        )
+        name = page.locator("#model input")
+        assert name.evaluate("e => getComputedStyle(e).textOverflow") == "ellipsis"
+        # Headings in the visitor's own interface font: Gradio's cut-down copy of Source Sans Pro
+        # drew "Model A" as "Model ᴀ".
+        assert page.evaluate("getComputedStyle(document.querySelector('h1')).fontFamily").startswith(
+            "system-ui"
+        )
+        shoot(page, "phone.png")
+    finally:
+        context.close()
+
+
+def test_picking_a_model_sets_the_sampling_to_its_cards_defaults(page: Page):
+    """A card asking for greedy decoding and 8192 tokens (as DeepSeek-OCR's does); the demo
+    models ask for nothing."""
+    page.click("#chat-sampling button")
+    temperature = page.locator("#chat-temperature input[type=number]")
+    max_tokens = page.locator("#chat-max-tokens input[type=number]")
+    pick(page, "model", "Greedy twin")
+    poll(lambda: max_tokens.input_value() == "8192", 10)
+    assert float(temperature.input_value()) == 0.0
+    pick(page, "model", LABEL_B)
+    poll(lambda: max_tokens.input_value() == "512", 10)
+    assert float(temperature.input_value()) == 0.7
+
+
+def test_a_broken_file_or_an_oversized_prompt_keeps_the_history_and_others_stream(
+    open_page: Callable[[], Page], tmp_path: Path
+):
+    page, other = open_page(), open_page()
+    set_max_tokens(page, "chat", 16)
+    send(page, "A first question")
+    wait_for_answer(page)
+    history = (user_messages(page), bot_messages(page))
+    set_max_tokens(other, "chat", 256)
+    send(other, "Meanwhile, another user asks something.")
+    broken = tmp_path / "holiday.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n but the rest is not a picture")
+    send(page, "What is in this photo?", [broken])
+    notice = poll(lambda: warning(page))
+    assert "image" in notice.lower() and str(tmp_path) not in notice and "Traceback" not in notice
+    assert (user_messages(page), bot_messages(page)) == history
+    assert page.input_value("#chat-input textarea") == "What is in this photo?"
+    page.click("#chat-input button[aria-label='Remove file']")
+    send(page, "word " * 20000)
+    poll(lambda: "tokens" in warning(page))
+    # The refusal is in sight, above the grown input box (it was below the window's edge).
+    seen, window = page.locator("#notice").bounding_box(), page.viewport_size
+    assert seen and window and seen["y"] >= 0 and seen["y"] + seen["height"] <= window["height"], seen
+    assert (user_messages(page), bot_messages(page)) == history
+    wait_for_answer(other)
+    assert len(bot_messages(other)) == 1 and not bot_messages(other)[0].startswith(WAITING)
+    # Each session sees only its own conversation.
+    assert user_messages(other) == 1 and "another user" not in page.inner_text("#chat")
+    shoot(page, "refused.png")
+
+
+def test_an_engine_failure_mid_answer_keeps_the_conversation_and_the_model_comes_back(
+    page: Page, served: tuple[Playground, str, RecordingFactory]
+):
+    factory = served[2]
+    set_max_tokens(page, "chat", 16)
+    send(page, "A first question")
+    wait_for_answer(page, timeout_s=180)
+    history = (user_messages(page), bot_messages(page))
+    set_max_tokens(page, "chat", 4096)
+    send(page, "Tell me everything.")
+    wait_until_answering(page, answers=2, timeout_s=60)
+    os.kill(factory.engines[TINY_A].process_ids[0], signal.SIGKILL)
+    notice = poll(lambda: warning(page), 30)
+    assert "Traceback" not in notice and "/" not in notice.replace("n/a", "")
+    poll(lambda: (user_messages(page), bot_messages(page)) == history, 10)
+    assert page.input_value("#chat-input textarea") == "Tell me everything."
+    poll(lambda: "stopped unexpectedly" in page.inner_text("#model-state"), 10)
+    set_max_tokens(page, "chat", 16)
+    page.press("#chat-input textarea", "Enter")
+    wait_for_answer(page, answers=2, timeout_s=180)
+    assert user_messages(page) == 2

@@ -1,0 +1,231 @@
+"""The page's test bench, shared by the browser tests (`test_ui_chat.py`, `test_ui_views.py`):
+the real Gradio server on the demo twins and the seeing model, a page per test in Debian's
+Chromium, and the helpers that drive it. Screenshots of the main views go to
+test-artifacts/screenshots/ (`make screenshots`: to docs/screenshots/, the README's).
+
+Each test module gets its own server and browser (module fixtures), so the two modules run on
+two workers side by side; each test opens its own page (its own session). The twins answer
+nonsense, so the tests check what the app does around them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, Page
+from ports import free_port
+
+from app.catalog.cards import ModelCard, load_cards
+from app.config import Settings
+from app.demo.models import SEEING_FOLDER
+from app.demo.seeing_model import SEEING_KEY, seeing_card
+from app.engines.base import SamplingSettings
+from app.engines.manager import EngineManager
+from app.engines.vllm_engine import VllmEngineFactory
+from app.media.loading import VideoDecoderPool
+from app.storage.history import History, sqlite_url
+from app.views import Playground, build, launch
+from app.views.chat import WAITING
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "static" / "examples"
+# Tests leave the tracked tree clean: screenshots go to test-artifacts/ (ignored), and into the
+# README's folder only when asked (`make screenshots`).
+SCREENSHOTS = ROOT / ("docs" if os.environ.get("UPDATE_SCREENSHOTS") else "test-artifacts") / "screenshots"
+UPLOAD_LIMIT = 5 * 10**6
+TINY_A, TINY_B, GREEDY = "demo_qwen2_vl", "demo_llava", "greedy_twin"
+# Their labels in the model pickers: twins of Qwen2-VL and LLaVA-1.5, two prompt formats.
+LABEL_A, LABEL_B = "Qwen2-VL 7B Instruct: random-weight twin", "LLaVA 1.5 7B: random-weight twin"
+
+
+class RecordingFactory(VllmEngineFactory):
+    """The app's factory, keeping the engines it builds so a test can kill one's process. Its
+    engines run every answer to its max tokens: the twins' random weights sample about evenly
+    over a vocabulary of some 500 tokens, so an answer may end on its end-of-sequence token at
+    any point, and the tests that stop or kill an answer mid-way need it still running."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.engines: dict[str, Any] = {}
+        self.asked: list[Any] = []  # the messages of every request, in order
+
+    async def build(self, card: Any, report: Callable[[str], None], devices: tuple[int, ...] = (0,)) -> Any:
+        engine = await super().build(card, report, devices)
+        generate = engine.generate
+
+        def to_max_tokens(card: Any, messages: Any, sampling: SamplingSettings, request_id: str) -> Any:
+            self.asked.append(messages)
+            if card.key != SEEING_KEY:  # the trained model's answers end where it ends them
+                sampling = replace(sampling, ignore_eos=True)
+            return generate(card, messages, sampling, request_id)
+
+        engine.generate = to_max_tokens
+        self.engines[card.key] = engine
+        return engine
+
+
+def serve(
+    tiny_cards: dict[str, ModelCard], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Playground, str, RecordingFactory]]:
+    settings = Settings(
+        gpu_count=0,
+        port=free_port(),
+        max_resident=1,
+        idle_unload_s=0,
+        drain_timeout_s=30,
+        queue_size=16,
+        concurrency=8,
+        max_upload_bytes=UPLOAD_LIMIT,
+        default_model=TINY_A,
+        # Long enough for a reload, short enough for a test to see a closed tab's files go.
+        reload_grace_s=20,
+        # The arena's battles: the two twins, whose prompt formats differ.
+        arena_models=(TINY_A, TINY_B),
+    )
+    greedy = {"temperature": 0.0, "max_tokens": 8192}
+    cards = {
+        TINY_A: tiny_cards["tiny-a"].model_copy(update={"key": TINY_A}),
+        TINY_B: tiny_cards["tiny-b"].model_copy(update={"key": TINY_B}),
+        # A servable card with its own sampling defaults, like DeepSeek-OCR's (which needs a GPU).
+        GREEDY: tiny_cards["tiny-a"].model_copy(
+            update={"key": GREEDY, "display_name": "Greedy twin", "sampling_defaults": greedy}
+        ),
+        SEEING_KEY: seeing_card(load_cards()["qwen2_vl"], SEEING_FOLDER),
+        **load_cards(),
+    }
+    factory = RecordingFactory(settings)
+    manager = EngineManager(cards, settings, factory)
+    decoder = VideoDecoderPool(workers=1)
+    data = tmp_path_factory.mktemp("history")
+    history = History(sqlite_url(data), data / "media")
+    playground = Playground(manager, settings, decoder, history)
+    demo = launch(build(playground), settings, block=False)
+    yield playground, f"http://127.0.0.1:{settings.port}/", factory
+    playground.close()
+    demo.close()
+    decoder.close()
+
+
+def page_opener(
+    browser: Browser, served: tuple[Playground, str, RecordingFactory]
+) -> Iterator[Callable[[], Page]]:
+    """Opens the app in a new browser session (its own cookies, its own conversation)."""
+    contexts = []
+
+    def open_new() -> Page:
+        context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+        contexts.append(context)
+        page = context.new_page()
+        page.set_default_timeout(120_000)
+        page.goto(served[1])
+        page.wait_for_selector("#chat-input textarea")
+        return page
+
+    yield open_new
+    for context in contexts:
+        context.close()
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def attach(page: Page, box: str, files: list[Path]) -> None:
+    page.set_input_files(f"#{box} input[type=file]", [str(f) for f in files])
+    page.wait_for_function(
+        f"document.querySelectorAll('#{box} button[aria-label=\"Remove file\"]').length >= {len(files)}"
+    )
+
+
+def send(page: Page, text: str, files: list[Path] = (), box: str = "chat-input") -> None:
+    if files:
+        attach(page, box, list(files))
+    page.fill(f"#{box} textarea", text)
+    page.press(f"#{box} textarea", "Enter")
+
+
+def bot_messages(page: Page) -> list[str]:
+    """The answers (without the line under each that opens to the prompt)."""
+    return page.locator("#chat [data-testid=bot]:not(:has(.thought-group))").all_inner_texts()
+
+
+def answer_labels(page: Page) -> list[str]:
+    """The line under each answer: its model and speed; it opens to the exact prompt."""
+    return page.locator("#chat .thought-group .title").all_inner_texts()
+
+
+def user_messages(page: Page) -> int:
+    return page.locator("#chat [data-testid=user]").count()
+
+
+def wait_for_answer(page: Page, answers: int = 1, timeout_s: float = 120) -> str:
+    """The `answers`-th answer, once the engine reported its end. Sending shows the estimate
+    alone in the prompt-size line; the engine's own count joins it when the answer ends."""
+    poll(
+        lambda: len(bot_messages(page)) == answers and "engine counted" in page.inner_text("#prompt-size"),
+        timeout_s,
+    )
+    return bot_messages(page)[-1]
+
+
+def wait_until_answering(page: Page, answers: int, timeout_s: float) -> None:
+    """Until the `answers`-th answer has words in it (past the waiting text), mid-stream."""
+    poll(
+        lambda: (
+            len(shown := bot_messages(page)) == answers
+            and len(shown[-1]) > 20
+            and not shown[-1].startswith(WAITING)
+        ),
+        timeout_s,
+    )
+
+
+def warning(page: Page, notice: str = "notice") -> str:
+    """The refusal shown above the input box (empty while there is none)."""
+    text = page.inner_text(f"#{notice}")
+    return text if "⚠️" in text else ""
+
+
+def set_max_tokens(page: Page, prefix: str, tokens: int) -> None:
+    field = page.locator(f"#{prefix}-max-tokens input[type=number]")
+    if not field.is_visible():
+        page.click(f"#{prefix}-sampling button")
+    slider = page.locator(f"#{prefix}-max-tokens input[type=range]")
+    bounds = range(int(slider.get_attribute("min") or 0), int(slider.get_attribute("max") or 0) + 1)
+    # A value in the slider's range is sent only once the slider itself holds it: on a busy
+    # machine the number box's Enter was once lost while the accordion opened, so type again.
+    for _ in range(5):
+        field.fill(str(tokens))
+        field.press("Enter")
+        if tokens not in bounds:
+            return
+        try:
+            poll(lambda: slider.input_value() == str(tokens), 3)
+            return
+        except AssertionError:
+            continue
+    raise AssertionError(f"the {prefix} max-tokens slider never took {tokens}")
+
+
+def pick(page: Page, dropdown: str, label_part: str) -> None:
+    page.click(f"#{dropdown} input")
+    page.get_by_role("option").filter(has_text=label_part).first.click()
+
+
+def shoot(page: Page, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / name), full_page=True)
+
+
+def poll(condition: Callable[[], Any], timeout_s: float = 30, every_s: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"not true within {timeout_s} s")
