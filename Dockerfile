@@ -31,8 +31,8 @@ RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir -r require
 COPY --chown=user:user app/ app/
 COPY --chown=user:user model_cards/ model_cards/
 COPY --chown=user:user static/ static/
-# The GPU check (bench/gpu_check.py), to run in the container: docker run ... --entrypoint
-# python3 vlm-playground bench/gpu_check.py
+# The GPU check (bench/gpu_check/), to run in the container: docker run ... --entrypoint
+# python3 vlm-playground bench/gpu_check
 COPY --chown=user:user bench/ bench/
 
 USER 1000

@@ -1,0 +1,126 @@
+"""GPU check: the engine lifecycle on real model sizes, with nothing downloaded.
+
+On a machine with an NVIDIA GPU and vLLM's CUDA build, this writes two model folders (configs,
+tokenizer and processor, no weights) with the sizes of Qwen2-VL-2B-Instruct and
+Qwen2-VL-7B-Instruct, builds vLLM engines on them with random weights (`load_format="dummy"`)
+and measures:
+
+- build, sleep (level 1), wake, shutdown and rebuild times of each model, with the GPU memory
+  after each step (NVML) and one answer before sleeping and one after waking;
+- two engines resident at once (each sized with `gpu_memory_utilization` so both fit), each
+  answering a request;
+- GPU memory before and after repeated swaps between the two models: sleep/wake alternations
+  with both engines built, and build/shutdown alternations with one engine at a time;
+- one swap through the app's own manager (`EngineManager` with `VllmEngineFactory`, one GPU,
+  one engine awake at a time).
+
+Each step that fails is recorded with its error and the check goes on. The summary (date, GPU,
+vLLM version, command, every measurement and the checks' verdicts) is printed as markdown and
+written as JSON to `--out` (as markdown where the name ends in `.md`). Exit status: 0 when every
+check passed, 1 when one failed, 2 where there is no GPU or no CUDA build of vLLM.
+
+    .venv-gpu/bin/python bench/gpu_check --out docs/gpu-check.json
+    .venv/bin/python bench/gpu_check --dry-run    # any machine: write and check the folders
+
+`--dry-run` needs no GPU and no vLLM engine: it writes the two folders and checks with
+transformers that each config and processor loads, that the model the config describes has the
+published parameter count, and (where vLLM is installed) that vLLM's model config accepts it.
+"""
+
+# The docstring above is the command's --help text; the package's layout is in __init__.py.
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import engines
+from .common import SPECS, describe_model, fitted_utilization, log
+from .dry_run import dry_run
+from .engine_check import PHASES, run_check
+from .folders import write_model_folders
+from .machine import Gpu, describe_machine, why_not_runnable
+from .phase import Plan
+from .report import write_report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, help="write the summary here (JSON; markdown for *.md)")
+    parser.add_argument("--dry-run", action="store_true", help="only write the model folders and check them")
+    parser.add_argument("--models-dir", type=Path, help="where the model folders go (default: a temp dir)")
+    parser.add_argument("--swaps", type=int, default=20, help="swaps in each swap phase (default 20)")
+    parser.add_argument("--tokens", type=int, default=16, help="tokens in each answer (default 16)")
+    parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, of {','.join(PHASES)}")
+    parser.add_argument("--util-small", type=float, help="gpu_memory_utilization of the 2B-class engine")
+    parser.add_argument("--util-large", type=float, help="gpu_memory_utilization of the 7B-class engine")
+    parser.add_argument("--step-timeout", type=float, default=900.0, help="seconds any one step may take")
+    parser.add_argument("--verbose", action="store_true", help="vLLM's INFO logs (default: warnings only)")
+    args = parser.parse_args()
+    phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    if unknown := sorted(set(phases) - set(PHASES)):
+        parser.error(f"unknown phases {unknown}; choose from {', '.join(PHASES)}")
+
+    scratch = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    models_dir = args.models_dir or scratch / "models"
+    if args.dry_run:
+        report = dry_run(models_dir)
+        write_report(report, args.out)
+        sys.exit(0 if report["ok"] else 1)
+
+    reason = why_not_runnable()
+    if reason is not None:
+        print(
+            f"gpu_check needs an NVIDIA GPU and vLLM's CUDA build ({reason}); "
+            "--dry-run only writes and checks the model folders.",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+
+    # Offline; a compile cache of its own, so the first build is cold and the rebuilds warm (set
+    # VLLM_CACHE_ROOT to keep one across runs); CUDA and NVML numbering the GPUs alike.
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(scratch / "vllm-cache"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(scratch / "inductor-cache"))
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if args.verbose else "WARNING")
+
+    folders = write_model_folders(models_dir)
+    total = Gpu.get().total()
+    utils = {
+        "small": args.util_small or fitted_utilization(SPECS["small"], total),
+        "large": args.util_large or fitted_utilization(SPECS["large"], total),
+    }
+    plan = Plan(
+        folders=folders,
+        utils=utils,
+        swaps=args.swaps,
+        tokens=args.tokens,
+        timeout_s=args.step_timeout,
+        fits_together=sum(utils.values()) <= 0.9,
+    )
+    meta = describe_machine(gpu=True)
+    log(f"{meta['gpu']}, {meta['vllm']}; shares of the GPU {utils}; phases {phases}")
+    started = time.perf_counter()
+    result = asyncio.run(run_check(plan, phases))
+    meta["wall_s"] = round(time.perf_counter() - started, 1)
+    report = {
+        "mode": "engine check",
+        "meta": meta,
+        "models": {role: describe_model(SPECS[role], folders[role], utils[role]) for role in folders},
+        **result,
+    }
+    write_report(report, args.out)
+    code = 0 if report["ok"] else 1
+    if engines.leaked.is_set():
+        # A build that timed out still runs in its thread; do not wait for it.
+        sys.stdout.flush()
+        os._exit(code)
+    sys.exit(code)

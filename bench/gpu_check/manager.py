@@ -1,0 +1,100 @@
+"""The `manager` phase: swaps through the app's own `EngineManager` with `VllmEngineFactory`
+(one GPU, one engine awake at a time), as the app would run the two models' cards, and the GPU
+memory after `manager.close()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+from . import common
+from .common import SPECS
+from .engines import picture, request_ids
+from .folders import model_card
+from .machine import gpu_used, wait_for_memory
+from .phase import Phase, Plan
+
+
+async def manager_swap(plan: Plan) -> dict[str, Any]:
+    """The app's manager on one GPU with one engine awake at a time: the 2B-class model, then
+    the 7B-class one (a swap), then each again (waking where the manager put them to sleep)."""
+    from app.config import Settings
+    from app.engines.base import SamplingSettings, StreamEnd
+    from app.engines.manager import EngineManager
+    from app.engines.vllm_engine import VllmEngineFactory
+
+    phase = Phase("manager swap", plan.timeout_s)
+    cards = {SPECS[role].key: model_card(role, plan.folders[role]) for role in ("small", "large")}
+    settings = Settings(
+        gpu_count=common.MANAGER_GPU_COUNT,
+        max_resident=1,
+        quantum_s=0.0,
+        idle_unload_s=0.0,
+        enforce_eager=False,
+    )
+    factory = VllmEngineFactory(settings)
+    manager = EngineManager(cards, settings, factory)
+    target = gpu_used()
+    with contextlib.suppress(Exception):
+        phase.notes["engine_args"] = {
+            key: {
+                k: v
+                for k, v in factory.engine_args(card).items()
+                if k in ("gpu_memory_utilization", "kv_cache_memory_bytes", "enable_sleep_mode")
+            }
+            for key, card in cards.items()
+        }
+    sampling = SamplingSettings(temperature=0.0, max_tokens=plan.tokens, ignore_eos=True)
+    small, large = SPECS["small"].key, SPECS["large"].key
+
+    async def ask(key: str) -> dict[str, Any]:
+        messages = [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": picture(next(request_ids))},
+                    {"type": "text", "text": "Describe this picture."},
+                ],
+            }
+        ]
+        phases, end = [], None
+        async for event in manager.stream(key, messages, sampling):
+            if isinstance(event, StreamEnd):
+                end = event
+            elif hasattr(event, "state"):
+                # State and phase, without the elapsed seconds (which change every update).
+                seen = f"{event.state.value}: {event.phase}" if event.phase else event.state.value
+                if not phases or phases[-1] != seen:
+                    phases.append(seen)
+        if end is None or end.completion_tokens != plan.tokens:
+            raise RuntimeError(f"answer ended with {end}")
+        states = {k: manager.status(k).state.value for k in cards}
+        return {"tokens": end.completion_tokens, "statuses_seen": phases[-8:], "states_after": states}
+
+    try:
+        for name, key in (
+            ("first request: build the 2B-class model", small),
+            ("swap to the 7B-class model", large),
+            ("swap back to the 2B-class model", small),
+            ("swap again to the 7B-class model", large),
+        ):
+            result = await phase.run(name, lambda key=key: ask(key))
+            if result is not None and name.startswith("swap"):
+                states = result["states_after"]
+                other = small if key == large else large
+                phase.check(
+                    f"{name}: the other model is no longer awake",
+                    states[key] == "ready" and states[other] != "ready",
+                    json.dumps(states),
+                )
+    finally:
+        closed = await phase.run("manager.close()", manager.close)
+        if closed is not None:
+            back = await asyncio.to_thread(wait_for_memory, target)
+            phase.notes["gpu_after_close"] = back
+            if back.get("memory_back") is not None:
+                phase.check("GPU memory back after manager.close()", back["memory_back"])
+    return phase.record()
