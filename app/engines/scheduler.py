@@ -1,7 +1,8 @@
 """Which model gets the GPU next, and what makes room for it: the scheduling policy.
 
 Pure functions over snapshots, so every decision is testable without engines, clocks or vLLM;
-`app.engines.manager.EngineManager` is the mechanism that carries them out.
+`app.engines.manager.EngineManager` is the mechanism that carries them out (its coordinator,
+`app.engines.coordinator`, asks and acts).
 
 The rules, in the order they apply:
 
