@@ -32,7 +32,8 @@ def start_app(tmp_path: Path) -> tuple[subprocess.Popen, str]:
         "APP_GPU_COUNT": "0",
         "APP_HOST": "127.0.0.1",
         "APP_PORT": str(port),
-        # The app puts vLLM's sockets next to the demo folder: tmp_path / "vllm".
+        # vLLM's sockets go next to the demo folder, or, in a folder as deep as a worker's
+        # temporary one, to a short folder of their own (`socket_folder_of` finds them).
         "APP_DEMO_DIR": str(tmp_path / "demo"),
         "XDG_CACHE_HOME": str(tmp_path / "cache"),
     }
@@ -61,6 +62,15 @@ def alive(process: psutil.Process) -> bool:
         return False
 
 
+def socket_folder_of(processes: list[psutil.Process]) -> Path:
+    """Where the app told vLLM to put its sockets, read from an engine process's environment."""
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            if folder := process.environ().get("VLLM_RPC_BASE_PATH"):
+                return Path(folder)
+    raise AssertionError("no engine process carries VLLM_RPC_BASE_PATH")
+
+
 def sockets_in(folder: Path) -> list[Path]:
     return [path for path in folder.rglob("*") if path.is_socket()] if folder.exists() else []
 
@@ -82,7 +92,8 @@ def test_a_signal_mid_answer_stops_the_engines_and_leaves_nothing_behind(tmp_pat
         assert job.outputs() and children, f"no answer started:\n{log_of(tmp_path)}"
         assert not job.done(), "the answer ended before the signal; it should still be streaming"
         children = psutil.Process(app.pid).children(recursive=True)
-        assert sockets_in(tmp_path / "vllm"), "vLLM's sockets are expected in the demo folder's parent"
+        sockets = socket_folder_of(children)
+        assert sockets_in(sockets), f"vLLM's sockets are expected in {sockets}"
 
         started = time.monotonic()
         os.kill(app.pid, signum)
@@ -97,7 +108,7 @@ def test_a_signal_mid_answer_stops_the_engines_and_leaves_nothing_behind(tmp_pat
         _, left = psutil.wait_procs(children, timeout=2)
         left = [process for process in left if alive(process)]
         assert not left, f"left running: {[(p.pid, p.name()) for p in left]}\n{log_of(tmp_path)}"
-        assert not sockets_in(tmp_path / "vllm"), log_of(tmp_path)
+        assert not sockets_in(sockets), log_of(tmp_path)
         # The first engine's AsyncLLM is collected only as the interpreter exits (a traceback vLLM
         # stores on import keeps the worker frame that built it); its second shutdown there used
         # to print a TypeError traceback. None is printed now.

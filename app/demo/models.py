@@ -7,7 +7,9 @@ two different models.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -94,7 +96,9 @@ def socket_folder(scratch: Path) -> Path:
     temporary folder (a deep home, a long `APP_DEMO_DIR`, a test's own temporary folder)."""
     if len(os.fsencode(scratch.resolve())) <= SOCKET_FOLDER_MAX_BYTES:
         return scratch
-    return Path(tempfile.mkdtemp(prefix="vllm-"))
+    folder = Path(tempfile.mkdtemp(prefix="vllm-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # the engines are gone by then
+    return folder
 
 
 def with_demo_models(cards: dict[str, ModelCard], settings: Settings) -> dict[str, ModelCard]:
