@@ -86,11 +86,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
     # After them (pytest orders a module's tests by their fixtures' params): the longest groups
     # first, so that under `make test` short ones fill in at the end; a group's tests stay
     # together, so that a plain `pytest` run builds no engine twice either.
+    groups = {item: work_group(item.nodeid) for item in items}
     first_seen: dict[str, int] = {}
     for index, item in enumerate(items):
-        first_seen.setdefault(work_group(item.nodeid), index)
+        first_seen.setdefault(groups[item], index)
     rank = {group: place for place, group in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: (rank.get(group := work_group(item.nodeid), len(rank)), first_seen[group]))
+    items.sort(key=lambda item: (rank.get(groups[item], len(rank)), first_seen[groups[item]]))
 
 
 @pytest.hookimpl(optionalhook=True)
