@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from PIL import Image, ImageOps
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from sqlalchemy import (
     JSON,
     Boolean,
@@ -131,6 +131,19 @@ class TurnRecord(Record):
     expected: str = ""
     media: list[MediaRecord] = Field(default_factory=list)
     replies: list[ReplyRecord] = Field(default_factory=list)
+    # A chat's other versions of this exchange (the message edited, the answer regenerated),
+    # each one that version's turn and the turns that followed it; this turn is the
+    # `shown_at`-th of all the versions (counting from 0), the one the chat shows.
+    versions: list[list[TurnRecord]] = Field(default_factory=list)
+    shown_at: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _shown_among_versions(self) -> TurnRecord:
+        if self.shown_at > len(self.versions):
+            raise ValueError("shown_at counts past the turn's versions")
+        if any(not version for version in self.versions):
+            raise ValueError("a version holds at least its own turn")
+        return self
 
 
 class ConversationRecord(Record):
@@ -176,7 +189,8 @@ class Export(Record):
     """A conversation as a JSON file: the record and its media's thumbnails (JPEG, base64)."""
 
     format: Literal["vlm-playground-conversation"] = "vlm-playground-conversation"
-    version: Literal[1] = 1
+    # 2: turns may hold versions (edit and branch); a version 1 file reads as one without.
+    version: Literal[1, 2] = 2
     conversation: ConversationRecord
     thumbnails: dict[str, str] = Field(default_factory=dict)
 
