@@ -22,7 +22,9 @@ from ui_pages import (
     TINY_A,
     RecordingFactory,
     answer_labels,
+    attach,
     bot_messages,
+    open_sidebar,
     pick,
     poll,
     send,
@@ -399,3 +401,72 @@ def test_an_engine_failure_mid_answer_keeps_the_conversation_and_the_model_comes
     page.press("#chat-input textarea", "Enter")
     wait_for_answer(page, answers=2, timeout_s=180)
     assert user_messages(page) == 2
+
+
+def test_an_earlier_message_edited_with_its_picture_branches_and_every_version_stays(
+    page: Page, served: tuple[Playground, str, RecordingFactory]
+):
+    """Edit and branch: the first message's text and picture changed and sent again; the chat
+    goes on from there, the earlier version stays a pick away, regenerate adds a version, and
+    all of them are stored, survive a reload and come back when the chat is reopened."""
+    playground, _, factory = served
+    set_max_tokens(page, "chat", 8)
+    send(page, "Describe the first picture.", [EXAMPLES / "shapes.png"])
+    wait_for_answer(page)
+    send(page, "And a second question.")
+    wait_for_answer(page, answers=2)
+    assert not page.locator("#versions").is_visible()
+
+    # The pencil on the first message: once edited, its text and its picture go into the box.
+    page.locator("#chat button[aria-label=Edit]").first.click()
+    page.locator("#chat textarea").first.fill("Describe this one instead.")
+    page.locator("#chat button[aria-label=Submit]").first.click()
+    poll(lambda: page.input_value("#chat-input textarea") == "Describe this one instead.")
+    assert "Editing message 1" in page.inner_text("#notice")
+    assert page.locator("#chat-input button[aria-label='Remove file']").count() == 1
+    # The picture swapped for another, then sent: the chat goes on from the edited message.
+    page.locator("#chat-input button[aria-label='Remove file']").click()
+    attach(page, "chat-input", [EXAMPLES / "green_square.png"])
+    page.press("#chat-input textarea", "Enter")
+    poll(lambda: user_messages(page) == 2 and "And a second question." not in page.inner_text("#chat"))
+    wait_for_answer(page)
+    parts = [p for m in factory.asked[-1] for p in m["content"] if isinstance(p, dict)]
+    images = [p["image"] for p in parts if p["type"] == "image"]
+    texts = json.dumps(factory.asked[-1], default=str)
+    assert len(images) == 1 and images[0].size == Image.open(EXAMPLES / "green_square.png").size
+    assert "Describe this one instead." in texts and "first picture" not in texts and "second" not in texts
+    assert not page.locator("#cancel-edit").is_visible()
+
+    # Both versions are a pick away; the first comes back whole, with what followed it.
+    poll(lambda: page.locator("#versions").is_visible())
+    pick(page, "versions", "Message 1, version 1 of 2")
+    poll(lambda: "And a second question." in page.inner_text("#chat") and len(bot_messages(page)) == 2)
+    assert "Describe the first picture." in page.inner_text("#chat")
+
+    # Regenerate keeps the answer it replaces: a second version of the last exchange.
+    first_answer = bot_messages(page)[1]
+    page.click("#regenerate")
+    poll(lambda: any(label.startswith("Version 2 of 2") for label in answer_labels(page)), 60)
+    wait_for_answer(page, answers=2)
+    pick(page, "versions", "Message 2, version 1 of 2")
+    poll(lambda: bot_messages(page)[1] == first_answer)
+
+    # Stored with every version: a reload keeps them, and so does reopening from the history.
+    history = playground.history
+    assert history is not None
+    browser = poll(lambda: page.evaluate("localStorage.getItem('vlm-playground-browser')"), 10)
+    summary = poll(lambda: history.list(browser))[0]
+    stored = poll(lambda: (r := history.load(browser, summary.id)).turns[0].versions and r)
+    assert [v[0].text for v in stored.turns[0].versions] == ["Describe this one instead."]
+    assert stored.turns[1].versions and stored.turns[1].shown_at == 0
+    page.reload()
+    page.wait_for_selector("#chat-input textarea")
+    poll(lambda: page.locator("#versions").is_visible() and user_messages(page) == 3)
+    open_sidebar(page)
+    page.click("#history-new")
+    poll(lambda: user_messages(page) == 0 and not page.locator("#versions").is_visible())
+    page.locator("#history-list label").filter(has_text="Describe the first picture.").click()
+    poll(lambda: page.locator("#versions").is_visible() and user_messages(page) == 3)
+    pick(page, "versions", "Message 1, version 2 of 2")
+    poll(lambda: "Describe this one instead." in page.inner_text("#chat") and user_messages(page) == 2)
+    shoot(page, "versions.png")

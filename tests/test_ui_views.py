@@ -27,6 +27,7 @@ from ui_pages import (
     RecordingFactory,
     answer_labels,
     bot_messages,
+    open_sidebar,
     pick,
     poll,
     send,
@@ -211,19 +212,6 @@ def test_the_ui_module_imports_no_torch():
 
 def history_items(page: Page) -> list[str]:
     return page.locator("#history-list label").all_inner_texts()
-
-
-def open_sidebar(page: Page) -> None:
-    """Opens the history sidebar (Gradio's own toggle) unless it is open: a closed one is slid
-    off the page's left edge, still "visible" to Playwright."""
-
-    def shown() -> bool:
-        box = page.locator("#history-new").bounding_box()
-        return box is not None and box["x"] >= 0
-
-    if not shown():
-        page.click("#history .toggle-button")
-    poll(shown, 10)
 
 
 def browser_id(page: Page) -> str:

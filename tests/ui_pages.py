@@ -212,6 +212,19 @@ def set_max_tokens(page: Page, prefix: str, tokens: int) -> None:
     raise AssertionError(f"the {prefix} max-tokens slider never took {tokens}")
 
 
+def open_sidebar(page: Page) -> None:
+    """Opens the history sidebar (Gradio's own toggle) unless it is open: a closed one is slid
+    off the page's left edge, still "visible" to Playwright."""
+
+    def shown() -> bool:
+        box = page.locator("#history-new").bounding_box()
+        return box is not None and box["x"] >= 0
+
+    if not shown():
+        page.click("#history .toggle-button")
+    poll(shown, 10)
+
+
 def pick(page: Page, dropdown: str, label_part: str) -> None:
     page.click(f"#{dropdown} input")
     page.get_by_role("option").filter(has_text=label_part).first.click()

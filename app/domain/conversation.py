@@ -92,6 +92,21 @@ class Turn:
     columns: list[Reply] = field(default_factory=list)
     # Files of a reopened conversation no longer kept: shown, never sent (see GoneFile).
     gone: list[GoneFile] = field(default_factory=list)
+    # The versions of this exchange when the chat was edited or regenerated here (see
+    # `Versions`), shared by every version's turn; None while it has only one.
+    versions: Versions | None = field(default=None, repr=False, compare=False)
+
+    def again(self) -> Turn:
+        """The same message, unanswered: a new version of this exchange (a regenerated answer)."""
+        return Turn(
+            text=self.text,
+            images=list(self.images),
+            video=self.video,
+            frames=list(self.frames),
+            media=list(self.media),
+            names=dict(self.names),
+            gone=list(self.gone),
+        )
 
     @property
     def files(self) -> list[Path]:
@@ -101,6 +116,27 @@ class Turn:
     @property
     def answer(self) -> str:
         return self.reply.answer if self.reply is not None else ""
+
+
+@dataclass(eq=False)
+class Versions:
+    """The versions of one exchange in a chat: the message edited and sent again, or the answer
+    regenerated. Each version is a tail: its turn, then the turns that followed it. The shown
+    version's tail is the session's `turns` from that place on, and is read from there (its copy
+    here is brought up to date whenever the chat leaves it), so nested versions need no upkeep.
+    """
+
+    tails: list[list[Turn]]
+    # The version shown before the newest one was added: shown again if that one is dropped.
+    before: int = 0
+
+    def place(self, turn: Turn) -> int:
+        """Which version `turn` begins (0 for the first)."""
+        return next(k for k, tail in enumerate(self.tails) if tail[0] is turn)
+
+    def keep(self, tail: Sequence[Turn]) -> None:
+        """Brings the copy of the shown version (`tail`, from the session) up to date."""
+        self.tails[self.place(tail[0])] = list(tail)
 
 
 @dataclass
@@ -116,6 +152,8 @@ class Session:
     stored_version: int = 0
     # Set by the stop button; the streaming handler checks it at every event.
     stop_requested: bool = False
+    # The place of the message being edited: the next one sent becomes its new version.
+    editing: int | None = None
     _folder: Path | None = None
 
     @property
@@ -143,6 +181,68 @@ class Session:
             shutil.copyfile(source, target)
         return target
 
+    def branch(self, position: int, turn: Turn) -> None:
+        """Shows `turn` as a new version of the exchange at `position` (an edited message, a
+        regenerated answer): the chat goes on from it, and the version shown until now, with
+        the turns that followed it, stays reachable (`switch`)."""
+        shown = self.turns[position]
+        versions = shown.versions or Versions(tails=[[shown]])
+        shown.versions = turn.versions = versions
+        versions.keep(self.turns[position:])
+        versions.before = versions.place(shown)
+        versions.tails.append([turn])
+        self.turns[position:] = [turn]
+
+    def switch(self, position: int, version: int) -> None:
+        """Shows the `version`-th version of the exchange at `position` (and what followed it)."""
+        versions = self.turns[position].versions if 0 <= position < len(self.turns) else None
+        if versions is None or not 0 <= version < len(versions.tails):
+            raise ConversationError("That version of the chat is no longer here; pick another.")
+        versions.keep(self.turns[position:])
+        self.turns[position:] = versions.tails[version]
+
+    def drop_last(self) -> Turn:
+        """Takes the last turn out of the chat (undo, a failed answer). Where it was one of
+        several versions, the one shown before it comes back in its place (with what followed
+        it); the others stay."""
+        turn = self.turns.pop()
+        versions = turn.versions
+        if versions is None:
+            return turn
+        place = versions.place(turn)
+        newest = place == len(versions.tails) - 1
+        del versions.tails[place]
+        back = versions.before if newest else max(place - 1, 0)
+        versions.before = 0
+        self.turns.extend(versions.tails[back])
+        if len(versions.tails) == 1:  # one version left: no longer a choice
+            versions.tails[0][0].versions = None
+        return turn
+
+    def given_name(self, path: str | Path) -> str:
+        """The name the user gave a file this session keeps (put back in the message box by an
+        edit or an undo, it is sent again under that name), else the path's own name."""
+        for turn in self.every_turn():
+            if Path(path) in turn.names:
+                return turn.names[Path(path)]
+        return Path(path).name
+
+    def every_turn(self) -> list[Turn]:
+        """Every turn of every version, the shown ones first (each version read as `Versions`
+        says: the shown one from the session)."""
+        found: list[Turn] = []
+
+        def walk(turns: Sequence[Turn], version_of: Versions | None = None) -> None:
+            found.extend(turns)
+            for turn in turns:
+                if turn.versions is not None and turn.versions is not version_of:
+                    for tail in turn.versions.tails:
+                        if tail[0] is not turn:
+                            walk(tail, turn.versions)
+
+        walk(self.turns)
+        return found
+
     def close(self) -> None:
         """Deletes the conversation and its folder: the session's own copies of what it sent.
         The uploads themselves are not the session's to delete: Gradio keeps identical uploads of
@@ -152,6 +252,7 @@ class Session:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
         self.turns.clear()
+        self.editing = None
         self.conversation_id = secrets.token_hex(16)
         self.stored_version = 0
 
@@ -276,8 +377,9 @@ async def make_turn(
     turn = Turn(text=text)
     clip = None
     for upload in files:
+        name = session.given_name(upload)
         kept = session.keep(upload)
-        turn.names[kept] = Path(upload).name
+        turn.names[kept] = name
         size = f"{kept.stat().st_size / 1024:,.0f} KB"
         if is_video(kept):
             clip = await asyncio.to_thread(decoder.decode, kept, video_frames)
@@ -287,14 +389,12 @@ async def make_turn(
             span = f" from {clip.timestamps[0]:.1f} s to {clip.timestamps[-1]:.1f} s" if count else ""
             resized = clip.metadata.get("frames_resized_from")
             source = f" (scaled from {resized[1]}×{resized[0]})" if resized else ""
-            turn.media.append(
-                f"{Path(upload).name}: video, {size}, {count} frames of {width}×{height} px{source}{span}"
-            )
+            turn.media.append(f"{name}: video, {size}, {count} frames of {width}×{height} px{source}{span}")
         else:
             # Loaded now to refuse a bad image before the answer starts, not during it.
             image = await asyncio.to_thread(load_image, kept)
             turn.images.append(kept)
-            turn.media.append(f"{Path(upload).name}: image, {size}, {image.width}×{image.height} px")
+            turn.media.append(f"{name}: image, {size}, {image.width}×{image.height} px")
     return turn, clip
 
 

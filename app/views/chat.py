@@ -7,6 +7,7 @@ Every handler takes the tab's `Visit` (`app.domain.sessions`) and changes only i
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,14 @@ WAITING = "Waiting for the model"
 PREPARING = "Preparing the prompt…"
 STATUS_REFRESH_S = 1.0
 NO_VISIT = "This page lost its session; reload it to start again."
+EDITING = (
+    "Editing message {number}: change its text or files in the box and send it; the chat goes on "
+    "from there as a new version, and the earlier one stays under Versions."
+)
+NOT_EDITABLE = "Only a message you wrote can be edited; its files go into the box with it."
+# A version's place in the Versions menu: "message position:version", both counted from 0.
+VERSION_CHOICE = re.compile(r"(\d{1,6}):(\d{1,6})")
+SNIPPET = 40
 
 
 class ChatView:
@@ -62,9 +71,15 @@ class ChatView:
         text, files = message["text"], message["files"]
         self.playground.active(visit)
         session = visit.chat if visit is not None else Session()
+        # An edited message becomes a new version of its place; anything else follows the chat.
+        editing = (
+            session.editing if session.editing is not None and session.editing < len(session.turns) else None
+        )
+        earlier = session.turns[:editing] if editing is not None else list(session.turns)
         # Shown at once: keeping the files and counting the prompt take seconds (a clip's frames,
         # a tokenizer's first load). A refusal below puts the message back in the box.
-        yield [*conversation(session), *preparing(text, files)], box_streaming(value=None), "", ""
+        shown = conversation(session, until=editing)
+        yield [*shown, *preparing(text, files)], box_streaming(value=None), "", ""
         try:
             if visit is None:
                 raise ConversationError(NO_VISIT)
@@ -73,15 +88,20 @@ class ChatView:
             check_media(card, files)
             turn, clip = await make_turn(session, text, files, self.playground.decoder, card.video_frames)
             clips = {turn.video: clip} if clip else None
-            prompt = await self.playground.prompt_for(card, [*session.turns, turn], system, clips)
+            prompt = await self.playground.prompt_for(card, [*earlier, turn], system, clips)
         except Exception as error:
             yield conversation(session), box_idle(value=message), refusal(error), gr.skip()
             return
-        session.turns.append(turn)
+        if editing is None:
+            session.turns.append(turn)
+        else:
+            session.branch(editing, turn)
+        session.editing = None
         async for update in self.answer(card, session, turn, prompt, sampling, box_streaming(value=None)):
             yield update
         if turn.reply is not None and turn.reply.state == "failed":
-            session.turns.remove(turn)  # the message goes back to the box, to send again
+            session.drop_last()  # the message goes back to the box, to send again
+            session.editing = editing
             yield conversation(session), box_idle(value=message), gr.skip(), gr.skip()
 
     async def regenerate(
@@ -92,6 +112,7 @@ class ChatView:
         if not session.turns:
             yield conversation(session), gr.skip(), "Nothing to regenerate yet.", gr.skip()
             return
+        session.editing = None
         turn = session.turns[-1]
         try:
             card = self.playground.servable(key)
@@ -101,11 +122,13 @@ class ChatView:
         except Exception as error:
             yield conversation(session), gr.skip(), refusal(error), gr.skip()
             return
-        previous = turn.reply
-        async for update in self.answer(card, session, turn, prompt, sampling, box_streaming()):
+        # A new version of the last exchange: the earlier answer stays, under Versions.
+        again = turn.again()
+        session.branch(len(session.turns) - 1, again)
+        async for update in self.answer(card, session, again, prompt, sampling, box_streaming()):
             yield update
-        if turn.reply is not None and turn.reply.state == "failed":
-            turn.reply = previous  # the old answer rather than none
+        if again.reply is not None and again.reply.state == "failed":
+            session.drop_last()  # the earlier answer shown again, rather than none
             yield conversation(session), gr.skip(), gr.skip(), gr.skip()
 
     async def answer(
@@ -152,10 +175,13 @@ class ChatView:
             visit.chat.stop_requested = True
 
     def undo(self, visit: Visit | None) -> tuple[Any, ...]:
+        """Takes the last turn back into the box (where it was one version of several, the one
+        shown before it comes back)."""
         session = visit.chat if visit is not None else Session()
+        session.editing = None
         if not session.turns:
             return conversation(session), gr.skip(), ""
-        turn = session.turns.pop()
+        turn = session.drop_last()
         files = [str(path) for path in turn.files]
         return conversation(session), box_idle(value={"text": turn.text, "files": files}), ""
 
@@ -163,6 +189,61 @@ class ChatView:
         if visit is not None:
             visit.chat.close()
         return [], box_idle(value=None), "", ""
+
+    def edit(self, visit: Visit | None, edited: gr.EditData) -> tuple[Any, ...]:
+        """A message of the user's edited in the chat: it goes into the box with its files, to
+        change and send as a new version of that place (see `send`)."""
+        session = visit.chat if visit is not None else Session()
+        position = message_turn(session, edited.index)
+        if position is None:
+            return conversation(session), gr.skip(), NOT_EDITABLE, gr.skip()
+        turn = session.turns[position]
+        text = edited.value if isinstance(edited.value, str) else turn.text
+        session.editing = position
+        files = [str(path) for path in turn.files]
+        return (
+            conversation(session),
+            box_idle(value={"text": text, "files": files}),
+            EDITING.format(number=position + 1),
+            gr.Button(visible=True),
+        )
+
+    def cancel_edit(self, visit: Visit | None) -> tuple[Any, ...]:
+        if visit is not None:
+            visit.chat.editing = None
+        return box_idle(value=None), "", gr.Button(visible=False)
+
+    def edit_button(self, visit: Visit | None) -> gr.Button:
+        """Cancel edit, shown while a message is being edited."""
+        return gr.Button(visible=visit is not None and visit.chat.editing is not None)
+
+    def switch(self, choice: Any, visit: Visit | None) -> tuple[Any, ...]:
+        """Shows another version of the chat, picked in the Versions menu."""
+        session = visit.chat if visit is not None else Session()
+        found = VERSION_CHOICE.fullmatch(choice) if isinstance(choice, str) else None
+        if found is None:
+            return gr.skip(), gr.skip()
+        session.editing = None
+        try:
+            session.switch(int(found[1]), int(found[2]))
+        except ConversationError as error:
+            return conversation(session), str(error)
+        return conversation(session), ""
+
+    def versions_menu(self, visit: Visit | None) -> gr.Dropdown:
+        """The Versions menu: every version of every edited or regenerated place on the chat's
+        shown path; hidden while there are none."""
+        session = visit.chat if visit is not None else Session()
+        choices = []
+        for position, turn in enumerate(session.turns):
+            if turn.versions is None:
+                continue
+            shown, count = turn.versions.place(turn), len(turn.versions.tails)
+            for version, tail in enumerate(turn.versions.tails):
+                mark = " (shown)" if version == shown else ""
+                label = f"Message {position + 1}, version {version + 1} of {count}{mark}: {snippet(tail[0])}"
+                choices.append((label, f"{position}:{version}"))
+        return gr.Dropdown(choices=choices, value=None, visible=bool(choices))
 
     def picked(self, key: str | None, visit: Visit | None) -> tuple[Any, ...]:
         """The card, the state, the system prompt box and the model's sampling defaults."""
@@ -185,6 +266,7 @@ class ChatView:
         """After a (re)load: the tab's conversation and model as they were."""
         if visit is None:
             return gr.skip(), gr.skip()
+        visit.chat.editing = None  # the box starts empty after a reload
         return conversation(visit.chat), visit.chat_model or gr.skip()
 
     def card_panel(self, key: str | None) -> str:
@@ -241,6 +323,8 @@ class ChatView:
             with gr.Column(scale=3, min_width=320):
                 chatbot = gr.Chatbot(
                     elem_id="chat",
+                    # The pencil on a message of the user's: edit it and go on from there.
+                    editable="user",
                     # Most of the window, so that a turn with pictures fits without scrolling.
                     height="72vh",
                     min_height=420,
@@ -248,6 +332,10 @@ class ChatView:
                     # Copies an answer's raw text (its Markdown and LaTeX as the model wrote them).
                     buttons=["copy"],
                     latex_delimiters=LATEX_DELIMITERS,
+                )
+                # Other versions of the chat (edited messages, regenerated answers), to go back to.
+                self.versions = versions = gr.Dropdown(
+                    [], value=None, label="Versions", elem_id="versions", visible=False, interactive=True
                 )
                 # Above the input box: a grown box pushed a refusal below the window's edge.
                 notice = gr.Markdown(elem_id="notice")
@@ -258,6 +346,7 @@ class ChatView:
                     regenerate = gr.Button("Regenerate", elem_id="regenerate", size="sm")
                     undo = gr.Button("Undo last turn", elem_id="undo", size="sm")
                     clear = gr.Button("Clear", elem_id="clear", size="sm")
+                    cancel = gr.Button("Cancel edit", elem_id="cancel-edit", size="sm", visible=False)
                 size = gr.Markdown(elem_id="prompt-size")
                 seeing = any(key == SEEING_KEY for _, key in labels)
                 gr.Examples(examples=example_messages(seeing), inputs=[box], label="Examples")
@@ -278,11 +367,17 @@ class ChatView:
             event.then(box_idle, None, [box], show_progress="hidden", queue=False, **PRIVATE)
         box.stop(self.stop, [visit], None, concurrency_limit=None, **PRIVATE)
         undone = undo.click(self.undo, [visit], [chatbot, box, notice], **PRIVATE)
+        edited = chatbot.edit(self.edit, [visit], [chatbot, box, notice, cancel], **PRIVATE)
+        cancel.click(self.cancel_edit, [visit], [box, notice, cancel], **PRIVATE)
+        switched = versions.input(self.switch, [versions, visit], [chatbot, notice], **PRIVATE)
         # Where the conversation changed for good: the history stores it then (`HistoryView`).
-        self.changed = [sent, again, undone]
+        self.changed = [sent, again, undone, switched]
         self.notice = notice
         # The chat's own trash icon clears the conversation too, not only the screen.
         self.cleared = gr.on([clear.click, chatbot.clear], self.clear, [visit], outputs, **PRIVATE)
+        for event in (*self.changed, edited, self.cleared):
+            event.then(self.versions_menu, [visit], [versions], show_progress="hidden", **PRIVATE)
+            event.then(self.edit_button, [visit], [cancel], show_progress="hidden", **PRIVATE)
         model.change(
             self.picked,
             [model, visit],
@@ -314,51 +409,82 @@ def preparing(text: str, files: list[str]) -> list[dict[str, Any]]:
     return [*shown, {"role": "assistant", "content": PREPARING}]
 
 
-def conversation(session: Session) -> list[dict[str, Any]]:
-    """The conversation as the Chatbot shows it: files, video frames with times, answers, and
-    under each answer a line with its model and speed that opens to the exact prompt."""
+def conversation(session: Session, until: int | None = None) -> list[dict[str, Any]]:
+    """The conversation as the Chatbot shows it (its first `until` turns, if given): files, video
+    frames with times, answers, and under each answer a line with its model and speed (and which
+    version it is, where there are several) that opens to the exact prompt."""
+    return [message for turn in session.turns[:until] for message in turn_view(turn)]
+
+
+def message_turn(session: Session, index: Any) -> int | None:
+    """Which turn the chat's `index`-th message belongs to, if it is the text the user wrote."""
+    if not isinstance(index, int) or index < 0:
+        return None
+    for position, turn in enumerate(session.turns):
+        messages = turn_view(turn)
+        if index < len(messages):
+            message = messages[index]
+            mine = message["role"] == "user" and isinstance(message["content"], str) and turn.text
+            return position if mine else None
+        index -= len(messages)
+    return None
+
+
+def snippet(turn: Turn) -> str:
+    """A version as the Versions menu names it: its message, then its answer, both cut short."""
+
+    def cut(text: str) -> str:
+        words = " ".join(text.split())
+        return words if len(words) <= SNIPPET else words[: SNIPPET - 1] + "…"
+
+    said = f"“{cut(turn.text)}”" if turn.text else "files only"
+    return f"{said} → “{cut(turn.answer)}”" if turn.answer else said
+
+
+def turn_view(turn: Turn) -> list[dict[str, Any]]:
+    """One turn's messages in the Chatbot."""
     messages: list[dict[str, Any]] = []
-    for turn in session.turns:
-        for path in turn.files:
-            messages.append({"role": "user", "content": {"path": str(path)}})
-        for gone in turn.gone:
-            messages.append({"role": "user", "content": gone_view(gone)})
-        if turn.frames:
-            gallery = gr.Gallery(
-                [(str(path), f"{seconds:.1f} s") for path, seconds in turn.frames],
-                # Four a row: the chat's bubble is about 580 px wide, and eight a row (100 px
-                # each) hid six of sixteen frames past its edge.
-                columns=4,
-                height="auto",
-                label=f"The {len(turn.frames)} frames the model sees",
-                elem_classes=["frames"],
-                allow_preview=False,
-                buttons=[],
-            )
-            messages.append({"role": "user", "content": gallery})
-        if turn.text:
-            messages.append({"role": "user", "content": turn.text})
-        reply = turn.reply
-        if reply is None:
-            continue
-        if reply.answer:
-            messages.append({"role": "assistant", "content": reply.answer})
-        if reply.boxes_drawn is not None:
-            boxes = f"{reply.box_count} box{'es' if reply.box_count != 1 else ''}"
-            picture = gr.Image(
-                str(reply.boxes_drawn),
-                label=f"The {boxes} this answer names, drawn on the picture",
-                elem_classes=["boxes"],
-                buttons=["download", "fullscreen"],
-            )
-            messages.append({"role": "assistant", "content": picture})
-        if not reply.answer and not reply.ended:
-            messages.append(
-                {"role": "assistant", "content": f"{WAITING}: {reply.display_name} is {reply.state}"}
-            )
-        if reply.ended:
-            details = {"title": reply.label(), "status": "done"}
-            messages.append({"role": "assistant", "content": what_was_sent(reply), "metadata": details})
+    for path in turn.files:
+        messages.append({"role": "user", "content": {"path": str(path)}})
+    for gone in turn.gone:
+        messages.append({"role": "user", "content": gone_view(gone)})
+    if turn.frames:
+        gallery = gr.Gallery(
+            [(str(path), f"{seconds:.1f} s") for path, seconds in turn.frames],
+            # Four a row: the chat's bubble is about 580 px wide, and eight a row (100 px
+            # each) hid six of sixteen frames past its edge.
+            columns=4,
+            height="auto",
+            label=f"The {len(turn.frames)} frames the model sees",
+            elem_classes=["frames"],
+            allow_preview=False,
+            buttons=[],
+        )
+        messages.append({"role": "user", "content": gallery})
+    if turn.text:
+        messages.append({"role": "user", "content": turn.text})
+    reply = turn.reply
+    if reply is None:
+        return messages
+    if reply.answer:
+        messages.append({"role": "assistant", "content": reply.answer})
+    if reply.boxes_drawn is not None:
+        boxes = f"{reply.box_count} box{'es' if reply.box_count != 1 else ''}"
+        picture = gr.Image(
+            str(reply.boxes_drawn),
+            label=f"The {boxes} this answer names, drawn on the picture",
+            elem_classes=["boxes"],
+            buttons=["download", "fullscreen"],
+        )
+        messages.append({"role": "assistant", "content": picture})
+    if not reply.answer and not reply.ended:
+        messages.append({"role": "assistant", "content": f"{WAITING}: {reply.display_name} is {reply.state}"})
+    if reply.ended:
+        version = ""
+        if turn.versions is not None:
+            version = f"Version {turn.versions.place(turn) + 1} of {len(turn.versions.tails)} · "
+        details = {"title": version + reply.label(), "status": "done"}
+        messages.append({"role": "assistant", "content": what_was_sent(reply), "metadata": details})
     return messages
 
 

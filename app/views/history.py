@@ -19,7 +19,15 @@ from typing import Any
 import gradio as gr
 
 from app.domain.compare import Comparison
-from app.domain.conversation import SESSION_FOLDER_PREFIX, GoneFile, Session, Turn, is_video, save_thumbnails
+from app.domain.conversation import (
+    SESSION_FOLDER_PREFIX,
+    GoneFile,
+    Session,
+    Turn,
+    Versions,
+    is_video,
+    save_thumbnails,
+)
 from app.domain.grid import GridWork, from_record, thumbnails
 from app.domain.promptsets import PromptSet, check_set
 from app.domain.replies import Reply, reply_record, stored_reply
@@ -64,23 +72,43 @@ def record_of(
     still of each video (the first frame the decoding worker gave) for its thumbnail."""
     files: dict[str, Path] = {}
     stills: dict[str, Path] = {}
-    turns = []
-    for turn in session.turns:
-        media = []
-        for path, line in zip(turn.files, media_lines(turn), strict=True):
-            medium = describe_media(path, turn.names.get(path, path.name), kind_of(path), line)
-            files[medium.hash] = path
-            if path == turn.video and turn.frames:
-                stills[medium.hash] = turn.frames[0][0]
-            media.append(medium)
-        # Files no longer kept stay in the record (with their thumbnails) as they were stored.
-        media += [gone.medium for gone in turn.gone]
-        replies = turn.columns or ([turn.reply] if turn.reply is not None else [])
-        turns.append(
-            TurnRecord(text=turn.text, media=media, replies=[reply_record(r) for r in replies if r.ended])
-        )
+
+    def records(turns: list[Turn], version_of: Versions | None = None) -> list[TurnRecord]:
+        """`turns` as records; `version_of`: the versions `turns` is one of (its first turn's
+        record holds none of them: the enclosing record does)."""
+        kept = []
+        for turn in turns:
+            media = []
+            for path, line in zip(turn.files, media_lines(turn), strict=True):
+                medium = describe_media(path, turn.names.get(path, path.name), kind_of(path), line)
+                files[medium.hash] = path
+                if path == turn.video and turn.frames:
+                    stills[medium.hash] = turn.frames[0][0]
+                media.append(medium)
+            # Files no longer kept stay in the record (with their thumbnails) as they were stored.
+            media += [gone.medium for gone in turn.gone]
+            replies = turn.columns or ([turn.reply] if turn.reply is not None else [])
+            # The other versions of this place, each read from its own copy; this one's tail is
+            # the rest of `turns` (see `Versions`).
+            versions, shown_at = [], 0
+            if turn.versions is not None and turn.versions is not version_of:
+                shown_at = turn.versions.place(turn)
+                versions = [
+                    records(tail, turn.versions) for tail in turn.versions.tails if tail[0] is not turn
+                ]
+            kept.append(
+                TurnRecord(
+                    text=turn.text,
+                    media=media,
+                    replies=[reply_record(r) for r in replies if r.ended],
+                    versions=versions,
+                    shown_at=shown_at,
+                )
+            )
+        return kept
+
     record = ConversationRecord(
-        id=session.conversation_id, kind=kind, model=model, system_prompt=system, turns=turns
+        id=session.conversation_id, kind=kind, model=model, system_prompt=system, turns=records(session.turns)
     )
     return record, files, stills
 
@@ -335,31 +363,61 @@ class HistoryView:
         """Fills `session` with `record`'s turns; True if some files are no longer kept. With
         `video_frames` (the chat's model's), each video gets its strip of frames again."""
         missing = False
-        for stored in record.turns:
-            turn = Turn(text=stored.text)
-            for medium in stored.media:
-                path = history.media_file(browser_id, medium.hash)
-                if path is None:  # past the retention, stored without media, or imported
-                    missing = True
-                    turn.media.append(f"{medium.name}: no longer kept on the server")
-                    turn.gone.append(self._gone(history, browser_id, medium, session))
-                    continue
-                kept = session.keep(path)
-                turn.names[kept] = medium.name
-                turn.media.append(medium.description or medium.name)
-                if medium.kind == "video":
-                    turn.video = kept
-                    if video_frames:
-                        turn.frames = self._frames(kept, video_frames, session)
-                else:
-                    turn.images.append(kept)
-            replies = [self._reply(reply, turn) for reply in stored.replies]
-            if record.kind == "compare":
-                turn.columns = replies
-            elif replies:
-                turn.reply = replies[0]
-            session.turns.append(turn)
+
+        def turns(stored_turns: list[TurnRecord]) -> list[Turn]:
+            nonlocal missing
+            restored = []
+            for stored in stored_turns:
+                turn, gone = self._turn(history, browser_id, record.kind, stored, session, video_frames)
+                missing = missing or gone
+                restored.append(turn)
+            # Each place's versions share one `Versions`; the shown one's tail is the rest here.
+            for position, stored in enumerate(stored_turns):
+                if stored.versions:
+                    others = [turns(version) for version in stored.versions]
+                    tails = [*others[: stored.shown_at], restored[position:], *others[stored.shown_at :]]
+                    versions = Versions(tails=tails)
+                    for tail in tails:
+                        tail[0].versions = versions
+            return restored
+
+        session.turns.extend(turns(record.turns))
         return missing
+
+    def _turn(
+        self,
+        history: History,
+        browser_id: str,
+        kind: Kind,
+        stored: TurnRecord,
+        session: Session,
+        video_frames: int | None,
+    ) -> tuple[Turn, bool]:
+        """One stored turn back in `session`; True if some of its files are no longer kept."""
+        missing = False
+        turn = Turn(text=stored.text)
+        for medium in stored.media:
+            path = history.media_file(browser_id, medium.hash)
+            if path is None:  # past the retention, stored without media, or imported
+                missing = True
+                turn.media.append(f"{medium.name}: no longer kept on the server")
+                turn.gone.append(self._gone(history, browser_id, medium, session))
+                continue
+            kept = session.keep(path)
+            turn.names[kept] = medium.name
+            turn.media.append(medium.description or medium.name)
+            if medium.kind == "video":
+                turn.video = kept
+                if video_frames:
+                    turn.frames = self._frames(kept, video_frames, session)
+            else:
+                turn.images.append(kept)
+        replies = [self._reply(reply, turn) for reply in stored.replies]
+        if kind == "compare":
+            turn.columns = replies
+        elif replies:
+            turn.reply = replies[0]
+        return turn, missing
 
     def _reply(self, stored: ReplyRecord, turn: Turn) -> Reply:
         choice = self.playground.choices.get(stored.model)
@@ -489,13 +547,14 @@ class HistoryView:
         # A grid run reopens in the grid tab, which shows what the tab's grid now holds.
         opened.then(self.grid.shown, [visit], self.grid.restored, show_progress="hidden", **PRIVATE)
         opened.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
-        new.click(self.new_chat, [visit], [chatbot, listed, notice], **PRIVATE)
+        renewed = new.click(self.new_chat, [visit], [chatbot, listed, notice], **PRIVATE)
         rename.click(self.rename, [listed, title, visit], [title, notice], **PRIVATE).then(
             self.listing, [visit], [listed], show_progress="hidden", **PRIVATE
         )
-        delete.click(self.delete, [listed, visit], [chatbot, notice], **PRIVATE).then(
-            self.listing_unless_asked, [visit], [listed], show_progress="hidden", **PRIVATE
-        )
+        deleted = delete.click(self.delete, [listed, visit], [chatbot, notice], **PRIVATE)
+        deleted.then(self.listing_unless_asked, [visit], [listed], show_progress="hidden", **PRIVATE)
+        for event in (opened, renewed, deleted):  # the chat's Versions menu, for its new chat
+            event.then(chat.versions_menu, [visit], [chat.versions], show_progress="hidden", **PRIVATE)
         export.click(self.export, [listed, visit], [download, notice], **PRIVATE)
         imported = load.upload(self.import_file, [load, visit], [listed, notice], **PRIVATE)
         imported.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)

@@ -1,0 +1,173 @@
+"""Edit and branch: a chat's messages edited and sent again, answers regenerated, each a new
+version of its place; no version is ever lost, and the history stores and reopens them all.
+
+The versions are driven by hypothesis as a user would: sending, editing any earlier message,
+regenerating, switching between versions and undoing, in any order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from app.domain.conversation import ConversationError, Session, Turn
+from app.domain.replies import Reply
+from app.storage.history import ConversationRecord, TurnRecord
+from app.views.history import record_of
+
+
+def answered(text: str) -> Turn:
+    turn = Turn(text=text)
+    turn.reply = Reply(key="m", display_name="M", source="m", answer=f"answer to {text}", state="done")
+    return turn
+
+
+def shape(turns: list[Turn], version_of: Any = None) -> list[Any]:
+    """What a user can reach from `turns`: each turn's text and, where it has several versions,
+    every version's own reach (the shown one read from `turns` itself), in order. `version_of`:
+    the versions `turns` is one of (expanded by the caller)."""
+    result: list[Any] = []
+    for position, turn in enumerate(turns):
+        if turn.versions is None or turn.versions is version_of:
+            result.append(turn.text)
+            continue
+        versions = [
+            shape(turns[position:] if tail[0] is turn else tail, turn.versions)
+            for tail in turn.versions.tails
+        ]
+        result.append((turn.text, turn.versions.place(turn), versions))
+        break  # the rest of `turns` is inside the shown version
+    return result
+
+
+def record_shape(turns: list[TurnRecord]) -> list[Any]:
+    """`shape` of a stored record: the same structure, read from the history's records."""
+    result: list[Any] = []
+    for position, turn in enumerate(turns):
+        if not turn.versions:
+            result.append(turn.text)
+            continue
+        plain = turn.model_copy(update={"versions": [], "shown_at": 0})
+        own = record_shape([plain, *turns[position + 1 :]])
+        versions = [record_shape(v) for v in turn.versions]
+        versions.insert(turn.shown_at, own)
+        result.append((turn.text, turn.shown_at, versions))
+        break
+    return result
+
+
+def reachable(session: Session) -> set[str]:
+    return {turn.text for turn in session.every_turn()}
+
+
+class Chatting(RuleBasedStateMachine):
+    """A user's chat; every message's text is unique, so each turn can be followed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.session = Session()
+        self.count = 0
+        self.alive: set[str] = set()  # every message sent and not undone
+
+    def _new(self) -> Turn:
+        self.count += 1
+        turn = answered(f"message {self.count}")
+        self.alive.add(turn.text)
+        return turn
+
+    @rule()
+    def send(self) -> None:
+        self.session.turns.append(self._new())
+
+    @precondition(lambda self: self.session.turns)
+    @rule(data=st.data())
+    def edit(self, data: st.DataObject) -> None:
+        position = data.draw(st.integers(0, len(self.session.turns) - 1))
+        before = list(self.session.turns[:position])
+        self.session.branch(position, self._new())
+        assert self.session.turns[:position] == before  # what came before the edit stays shown
+        assert len(self.session.turns) == position + 1
+
+    @precondition(lambda self: self.session.turns)
+    @rule()
+    def regenerate(self) -> None:
+        last = self.session.turns[-1]
+        again = last.again()
+        again.text = f"message {self.count + 1}"  # its own name, to follow it
+        self.count += 1
+        self.alive.add(again.text)
+        self.session.branch(len(self.session.turns) - 1, again)
+        assert last.versions is again.versions and last.versions is not None
+
+    @precondition(lambda self: any(t.versions for t in self.session.turns))
+    @rule(data=st.data())
+    def switch_and_back(self, data: st.DataObject) -> None:
+        places = [p for p, t in enumerate(self.session.turns) if t.versions is not None]
+        position = data.draw(st.sampled_from(places))
+        turn = self.session.turns[position]
+        assert turn.versions is not None
+        was, path = turn.versions.place(turn), list(self.session.turns)
+        version = data.draw(st.integers(0, len(turn.versions.tails) - 1))
+        self.session.switch(position, version)
+        shown = self.session.turns[position]
+        assert shown.versions is not None and shown.versions.place(shown) == version
+        if data.draw(st.booleans()):
+            self.session.switch(position, was)
+            assert self.session.turns == path  # and back: the same chat, every later turn kept
+
+    @precondition(lambda self: self.session.turns)
+    @rule()
+    def undo(self) -> None:
+        dropped = self.session.drop_last()
+        self.alive.discard(dropped.text)
+        assert dropped not in self.session.turns
+
+    @invariant()
+    def nothing_lost_nothing_back(self) -> None:
+        assert reachable(self.session) == self.alive
+
+    @invariant()
+    def versions_hang_together(self) -> None:
+        for turn in self.session.every_turn():
+            if turn.versions is None:
+                continue
+            assert len(turn.versions.tails) >= 2  # a single version is no choice
+            assert all(tail[0].versions is turn.versions for tail in turn.versions.tails)
+            assert turn.versions.place(turn) >= 0
+
+    @invariant()
+    def stored_as_shown(self) -> None:
+        record, _, _ = record_of(self.session, "chat", "m", "")
+        assert record_shape(list(record.turns)) == shape(self.session.turns)
+        # The record survives the export's JSON (recursive versions included).
+        again = ConversationRecord.model_validate_json(record.model_dump_json())
+        assert again == record
+
+
+TestChatting = Chatting.TestCase
+TestChatting.settings = settings(max_examples=150, stateful_step_count=25, deadline=None)
+
+
+def test_switch_to_a_version_that_is_not_there_is_one_line() -> None:
+    session = Session(turns=[answered("a")])
+    with pytest.raises(ConversationError, match="no longer here"):
+        session.switch(0, 1)
+    with pytest.raises(ConversationError, match="no longer here"):
+        session.switch(7, 0)
+
+
+def test_undoing_an_edit_brings_back_the_version_shown_before_it() -> None:
+    session = Session(turns=[answered("a"), answered("b"), answered("c")])
+    session.branch(1, answered("b2"))
+    session.switch(1, 0)  # back to b (then c)
+    session.branch(1, answered("b3"))  # edited from b: b3 is the newest, b was shown before it
+    assert [t.text for t in session.turns] == ["a", "b3"]
+    session.drop_last()
+    assert [t.text for t in session.turns] == ["a", "b", "c"]
+    session.drop_last()  # c
+    session.drop_last()  # b: b2 is what is left there
+    assert [t.text for t in session.turns] == ["a", "b2"]
+    assert session.turns[1].versions is None
