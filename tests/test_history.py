@@ -20,10 +20,13 @@ from postgres import postgres_server
 from sqlalchemy import create_engine, text
 
 from app.storage.history import (
+    IMPORT_LIMITS,
     Base,
     ConversationRecord,
+    Export,
     History,
     HistoryError,
+    MediaRecord,
     ReplyRecord,
     TurnRecord,
     VoteRecord,
@@ -264,6 +267,73 @@ def test_export_and_import_keep_versions_and_a_version_1_file_still_imports(hist
         del turn["versions"], turn["shown_at"]
     imported = history.import_json("browser-2", json.dumps(data))
     assert imported.turns == old.turns and all(not t.versions for t in imported.turns)
+
+
+def hidden_past_a_limit(kind: str) -> ConversationRecord:
+    """A record within every limit on its shown path, past one in a version of a version."""
+    medium = MediaRecord(hash="0" * 64, name="x.png", kind="image")
+    if kind == "turns":  # with the two turns above them, one more than the limit
+        hidden = [TurnRecord(text="t")] * (IMPORT_LIMITS.turns - 1)
+    elif kind == "files":
+        hidden = [TurnRecord(text="t", media=[medium] * (IMPORT_LIMITS.media_per_turn + 1))]
+    elif kind == "answers":
+        hidden = [
+            TurnRecord(text="t", replies=[ReplyRecord(model="m")] * (IMPORT_LIMITS.replies_per_turn + 1))
+        ]
+    else:
+        hidden = [
+            TurnRecord(
+                text="t", replies=[ReplyRecord(model="m", answer="a" * (IMPORT_LIMITS.field_chars + 1))]
+            )
+        ]
+    earlier = TurnRecord(text="earlier", versions=[hidden])
+    return ConversationRecord(id=new_id(), turns=[TurnRecord(text="shown", versions=[[earlier]], shown_at=1)])
+
+
+@pytest.mark.parametrize("kind", ["turns", "files", "answers", "characters"])
+def test_an_import_past_its_limits_in_a_hidden_version_is_refused_in_one_line(history: History, kind: str):
+    with pytest.raises(HistoryError) as refused:
+        history.import_json("bulky", Export(conversation=hidden_past_a_limit(kind)).model_dump_json())
+    line = str(refused.value)
+    assert "\n" not in line and "at most" in line and "Error" not in line
+    assert history.list("bulky") == []
+
+
+def nested(depth: int) -> TurnRecord:
+    """A turn whose versions nest `depth` deep (each version's turn holding the next)."""
+    turn = TurnRecord(text="t")
+    for _ in range(depth):
+        turn = TurnRecord(text="t", versions=[[turn]])
+    return turn
+
+
+def deeply_nested_json(depth: int) -> str:
+    """An export whose versions nest `depth` deep, written by hand: Python's own JSON encoder
+    and pydantic's serializer stop far sooner."""
+    turn = '{"text": "t", "versions": [[' * depth + '{"text": "t"}' + "]]}" * depth
+    head = '{"format": "vlm-playground-conversation", "version": 2, "conversation": '
+    return head + f'{{"id": "{new_id()}", "turns": [{turn}]}}}}'
+
+
+def test_versions_nested_past_the_limit_are_refused_in_one_line(history: History):
+    within = Export(conversation=ConversationRecord(id=new_id(), turns=[nested(IMPORT_LIMITS.version_depth)]))
+    assert history.import_json("deep", within.model_dump_json()).turns == within.conversation.turns
+    past = Export(
+        conversation=ConversationRecord(id=new_id(), turns=[nested(IMPORT_LIMITS.version_depth + 1)])
+    )
+    with pytest.raises(HistoryError, match=rf"at most {IMPORT_LIMITS.version_depth} levels") as refused:
+        history.import_json("deeper", past.model_dump_json())
+    assert "\n" not in str(refused.value)
+    # Far deeper (a hostile file): JSON's parser refuses it first, in the usual line.
+    with pytest.raises(HistoryError) as refused:
+        history.import_json("deeper", deeply_nested_json(5000))
+    line = str(refused.value)
+    assert line.startswith("That file is not a conversation exported from VLM Playground (")
+    assert "\n" not in line and "Error" not in line and "(:" not in line
+    assert history.list("deeper") == []
+    # And the limits' own check, given such a record built in Python, answers in one line too.
+    with pytest.raises(HistoryError, match="levels"):
+        IMPORT_LIMITS.check(Export(conversation=ConversationRecord(id=new_id(), turns=[nested(5000)])))
 
 
 def test_without_stored_media_only_thumbnails_are_kept(url: str, tmp_path: Path):

@@ -688,8 +688,10 @@ class History:
         except ValidationError as error:
             first = error.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
+            # An error of the JSON itself (not JSON, nested too deep for the parser) has no place.
+            place = f"{where}: " if where else ""
             raise HistoryError(
-                f"That file is not a conversation exported from VLM Playground ({where}: {first['msg']})."
+                f"That file is not a conversation exported from VLM Playground ({place}{first['msg']})."
             ) from None
         IMPORT_LIMITS.check(exported)
         record = exported.conversation.model_copy(update={"id": new_id(), "created_at": 0.0, "version": 0})
@@ -808,24 +810,31 @@ class ImportLimits:
     field_chars: int = 200_000  # a message, an answer, a system prompt
     thumbnails: int = 2000
     thumbnail_bytes_each: int = 64 * 1024
+    # Versions within versions (an edit in a branch made by an edit): a chat reaches a few.
+    version_depth: int = 64
 
     def check(self, exported: Export) -> None:
-        """Refuses, in one line, an import past these limits."""
+        """Refuses, in one line, an import past these limits. The turns of hidden versions count
+        as turns: the limit on turns is on all of them together."""
         record = exported.conversation
+        turns = list(every_turn(record.turns))
         problems = [
-            (len(record.turns) > self.turns, f"at most {self.turns} turns"),
+            (
+                self._version_depth(record.turns) > self.version_depth,
+                f"at most {self.version_depth} levels of versions within versions",
+            ),
+            (len(turns) > self.turns, f"at most {self.turns} turns, their versions included"),
             (len(exported.thumbnails) > self.thumbnails, f"at most {self.thumbnails} thumbnails"),
             (
-                any(len(t.media) > self.media_per_turn for t in record.turns),
+                any(len(t.media) > self.media_per_turn for t in turns),
                 f"at most {self.media_per_turn} files in a turn",
             ),
             (
-                any(len(t.replies) > self.replies_per_turn for t in record.turns),
+                any(len(t.replies) > self.replies_per_turn for t in turns),
                 f"at most {self.replies_per_turn} answers in a turn",
             ),
             (
-                max([len(record.system_prompt), *(self._longest(t) for t in record.turns)])
-                > self.field_chars,
+                max([len(record.system_prompt), *(self._longest(t) for t in turns)]) > self.field_chars,
                 f"at most {self.field_chars:,} characters in a message or an answer",
             ),
             (
@@ -836,6 +845,18 @@ class ImportLimits:
         for broken, limit in problems:
             if broken:
                 raise HistoryError(f"That file cannot be imported: an import holds {limit}.")
+
+    @staticmethod
+    def _version_depth(turns: Sequence[TurnRecord]) -> int:
+        """How deep versions nest in `turns`: 0 without versions, 1 when no version's turn holds
+        versions of its own, and so on. Without recursion, like `every_turn`."""
+        deepest, pending = 0, [(turn, 0) for turn in turns]
+        while pending:
+            turn, depth = pending.pop()
+            if turn.versions:
+                deepest = max(deepest, depth + 1)
+                pending.extend((t, depth + 1) for version in turn.versions for t in version)
+        return deepest
 
     @staticmethod
     def _longest(turn: TurnRecord) -> int:
