@@ -20,10 +20,13 @@ from postgres import postgres_server
 from sqlalchemy import create_engine, text
 
 from app.storage.history import (
+    IMPORT_LIMITS,
     Base,
     ConversationRecord,
+    Export,
     History,
     HistoryError,
+    MediaRecord,
     ReplyRecord,
     TurnRecord,
     VoteRecord,
@@ -164,6 +167,173 @@ def test_export_and_import_round_trip_and_a_bad_file_is_one_line(history: Histor
             history.import_json("browser-2", bad)
         message = str(refused.value)
         assert "\n" not in message and "Error" not in message and message.startswith("That file is not")
+
+
+# --- edit and branch: a turn's other versions, kept with it ---
+
+
+def asked(folder: Path, files: dict[str, Path], colour: str, text: str = "") -> TurnRecord:
+    """A turn sending a picture of `colour` (its file put in `files`), answered with the colour."""
+    path = picture(folder, f"{colour}.png", colour)
+    medium = describe_media(path, f"{colour}.png", "image", "image, 64×48 px")
+    files[medium.hash] = path
+    reply = ReplyRecord(model="demo_seeing", answer=colour, prompt_tokens=30, ttft_s=0.2)
+    return TurnRecord(text=text or f"What colour is this {colour} thing?", media=[medium], replies=[reply])
+
+
+def branched(folder: Path) -> tuple[ConversationRecord, dict[str, Path]]:
+    """A chat whose first message (blue) was edited into the one shown (red): the blue branch
+    goes on with a lime turn, itself edited from a green one, so that versions nest two deep.
+    Only the red picture is on the shown path."""
+    files: dict[str, Path] = {}
+    green = asked(folder, files, "green", "And this one?")
+    lime = asked(folder, files, "lime", "And this one?").model_copy(
+        update={"versions": [[green]], "shown_at": 1}
+    )
+    blue = asked(folder, files, "blue")
+    red = asked(folder, files, "red").model_copy(update={"versions": [[blue, lime]], "shown_at": 1})
+    follow_up = TurnRecord(text="Is it bright?", replies=[ReplyRecord(model="demo_seeing", answer="yes")])
+    return ConversationRecord(id=new_id(), model="demo_seeing", turns=[red, follow_up]), files
+
+
+def hash_of(turn: TurnRecord) -> str:
+    return turn.media[0].hash
+
+
+def test_versions_nested_two_deep_come_back_as_they_were_saved(history: History, tmp_path: Path):
+    record, files = branched(tmp_path)
+    history.save("browser-1", record, files)
+    reopened = history.load("browser-1", record.id)
+    assert reopened.turns == record.turns
+    (blue, lime), green = reopened.turns[0].versions[0], reopened.turns[0].versions[0][1].versions[0][0]
+    assert (reopened.turns[0].shown_at, lime.shown_at) == (1, 1)
+    assert [t.replies[0].answer for t in (blue, lime, green)] == ["blue", "lime", "green"]
+    # The list counts the shown path's turns only.
+    assert history.list("browser-1")[0].turns == 2
+
+
+def test_a_picture_only_a_hidden_version_holds_is_kept_until_no_version_holds_it(
+    history: History, tmp_path: Path
+):
+    record, files = branched(tmp_path)
+    red_turn = record.turns[0]
+    blue_turn, lime_turn = red_turn.versions[0]
+    red, blue, lime, green = (hash_of(t) for t in (red_turn, blue_turn, lime_turn, lime_turn.versions[0][0]))
+    history.save("browser-1", record, files)
+    assert media_on_disk(history) == {red, blue, lime, green}
+    # Saved again after the next answer (no new files): the hidden versions' pictures stay.
+    history.save("browser-1", record)
+    assert media_on_disk(history) == {red, blue, lime, green}
+    for digest in (blue, green):
+        assert history.media_file("browser-1", digest) is not None and history.thumbnail("browser-1", digest)
+    # The green version, two deep, dropped: its picture goes, row and file.
+    no_green = lime_turn.model_copy(update={"versions": [], "shown_at": 0})
+    history.save(
+        "browser-1",
+        record.model_copy(
+            update={
+                "turns": [
+                    red_turn.model_copy(update={"versions": [[blue_turn, no_green]]}),
+                    *record.turns[1:],
+                ]
+            }
+        ),
+    )
+    assert media_on_disk(history) == {red, blue, lime}
+    assert history.media_file("browser-1", green) is None and history.thumbnail("browser-1", green) is None
+    # The whole blue branch dropped: only the shown red picture is left.
+    alone = red_turn.model_copy(update={"versions": [], "shown_at": 0})
+    history.save("browser-1", record.model_copy(update={"turns": [alone, *record.turns[1:]]}))
+    assert media_on_disk(history) == {red}
+    assert row_count(history, "media") == 1 and row_count(history, "media_links") == 1
+    assert row_count(history, "media_owners") == 1
+
+
+def test_export_and_import_keep_versions_and_a_version_1_file_still_imports(history: History, tmp_path: Path):
+    record, files = branched(tmp_path)
+    history.save("browser-1", record, files)
+    exported = history.export("browser-1", record.id)
+    data = json.loads(exported)
+    assert data["version"] == 2
+    green = hash_of(record.turns[0].versions[0][1].versions[0][0])
+    assert data["thumbnails"][green]  # a hidden version's picture, two deep
+    imported = history.import_json("browser-2", exported)
+    assert imported.turns == record.turns
+    # A file exported before versions existed: no versions fields, version 1.
+    old = conversation(history, "browser-1", tmp_path, "red", "blue")
+    data = json.loads(history.export("browser-1", old.id))
+    data["version"] = 1
+    for turn in data["conversation"]["turns"]:
+        del turn["versions"], turn["shown_at"]
+    imported = history.import_json("browser-2", json.dumps(data))
+    assert imported.turns == old.turns and all(not t.versions for t in imported.turns)
+
+
+def hidden_past_a_limit(kind: str) -> ConversationRecord:
+    """A record within every limit on its shown path, past one in a version of a version."""
+    medium = MediaRecord(hash="0" * 64, name="x.png", kind="image")
+    if kind == "turns":  # with the two turns above them, one more than the limit
+        hidden = [TurnRecord(text="t")] * (IMPORT_LIMITS.turns - 1)
+    elif kind == "files":
+        hidden = [TurnRecord(text="t", media=[medium] * (IMPORT_LIMITS.media_per_turn + 1))]
+    elif kind == "answers":
+        hidden = [
+            TurnRecord(text="t", replies=[ReplyRecord(model="m")] * (IMPORT_LIMITS.replies_per_turn + 1))
+        ]
+    else:
+        hidden = [
+            TurnRecord(
+                text="t", replies=[ReplyRecord(model="m", answer="a" * (IMPORT_LIMITS.field_chars + 1))]
+            )
+        ]
+    earlier = TurnRecord(text="earlier", versions=[hidden])
+    return ConversationRecord(id=new_id(), turns=[TurnRecord(text="shown", versions=[[earlier]], shown_at=1)])
+
+
+@pytest.mark.parametrize("kind", ["turns", "files", "answers", "characters"])
+def test_an_import_past_its_limits_in_a_hidden_version_is_refused_in_one_line(history: History, kind: str):
+    with pytest.raises(HistoryError) as refused:
+        history.import_json("bulky", Export(conversation=hidden_past_a_limit(kind)).model_dump_json())
+    line = str(refused.value)
+    assert "\n" not in line and "at most" in line and "Error" not in line
+    assert history.list("bulky") == []
+
+
+def nested(depth: int) -> TurnRecord:
+    """A turn whose versions nest `depth` deep (each version's turn holding the next)."""
+    turn = TurnRecord(text="t")
+    for _ in range(depth):
+        turn = TurnRecord(text="t", versions=[[turn]])
+    return turn
+
+
+def deeply_nested_json(depth: int) -> str:
+    """An export whose versions nest `depth` deep, written by hand: Python's own JSON encoder
+    and pydantic's serializer stop far sooner."""
+    turn = '{"text": "t", "versions": [[' * depth + '{"text": "t"}' + "]]}" * depth
+    head = '{"format": "vlm-playground-conversation", "version": 2, "conversation": '
+    return head + f'{{"id": "{new_id()}", "turns": [{turn}]}}}}'
+
+
+def test_versions_nested_past_the_limit_are_refused_in_one_line(history: History):
+    within = Export(conversation=ConversationRecord(id=new_id(), turns=[nested(IMPORT_LIMITS.version_depth)]))
+    assert history.import_json("deep", within.model_dump_json()).turns == within.conversation.turns
+    past = Export(
+        conversation=ConversationRecord(id=new_id(), turns=[nested(IMPORT_LIMITS.version_depth + 1)])
+    )
+    with pytest.raises(HistoryError, match=rf"at most {IMPORT_LIMITS.version_depth} levels") as refused:
+        history.import_json("deeper", past.model_dump_json())
+    assert "\n" not in str(refused.value)
+    # Far deeper (a hostile file): JSON's parser refuses it first, in the usual line.
+    with pytest.raises(HistoryError) as refused:
+        history.import_json("deeper", deeply_nested_json(5000))
+    line = str(refused.value)
+    assert line.startswith("That file is not a conversation exported from VLM Playground (")
+    assert "\n" not in line and "Error" not in line and "(:" not in line
+    assert history.list("deeper") == []
+    # And the limits' own check, given such a record built in Python, answers in one line too.
+    with pytest.raises(HistoryError, match="levels"):
+        IMPORT_LIMITS.check(Export(conversation=ConversationRecord(id=new_id(), turns=[nested(5000)])))
 
 
 def test_without_stored_media_only_thumbnails_are_kept(url: str, tmp_path: Path):
@@ -364,6 +534,55 @@ def test_an_upgrade_from_the_first_version_keeps_its_conversations(url: str, tmp
         # Version 0003's grid fields are empty on the turns made before it.
         (turn,) = history.load("browser-1", "0123456789abcdef0123456789abcdef").turns
         assert (turn.text, turn.item_id, turn.expected) == ("An old question", "", "")
+    finally:
+        history.close()
+
+
+def test_an_upgrade_from_version_0004_reads_its_turns_as_without_versions(url: str, tmp_path: Path):
+    """A database made by version 0004 (before edit and branch), with a turn holding a picture,
+    upgraded by today's app: the turn has no other versions and still holds its picture."""
+    from alembic import command
+    from alembic.config import Config
+
+    from app.storage.history import MIGRATIONS, make_engine
+
+    digest = "ab" * 32
+    engine = make_engine(url)
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "0004")
+        old_turn = {
+            "media": json.dumps([{"hash": digest, "name": "old.png", "kind": "image"}]),
+            "replies": json.dumps([{"model": "m", "answer": "a square"}]),
+            "hash": digest,
+        }
+        for statement in (
+            "INSERT INTO conversations (id, browser_id, kind, title, model, system_prompt, created_at, "
+            "updated_at, version) VALUES ('0123456789abcdef0123456789abcdef', 'browser-1', 'chat', 'Old', "
+            "'', '', 1.0, 2.0, 3)",
+            "INSERT INTO turns (conversation_id, position, text, media, replies) VALUES "
+            "('0123456789abcdef0123456789abcdef', 0, 'What is this?', :media, :replies)",
+            "INSERT INTO media (hash, kind, suffix, size, thumbnail, stored_at) "
+            "VALUES (:hash, 'image', '.png', 5, '', 1.0)",
+            "INSERT INTO media_links (turn_id, hash) SELECT id, :hash FROM turns",
+            "INSERT INTO media_owners (hash, browser_id, has_file) VALUES (:hash, 'browser-1', true)",
+        ):
+            parameters = {name: value for name, value in old_turn.items() if f":{name}" in statement}
+            connection.execute(text(statement), parameters)
+    engine.dispose()
+    history = History(url, tmp_path / "media")
+    try:
+        with history.engine.connect() as connection:
+            assert connection.execute(text("SELECT shown_at FROM turns")).scalar_one() == 0
+        record = history.load("browser-1", "0123456789abcdef0123456789abcdef")
+        (turn,) = record.turns
+        assert (turn.text, turn.versions, turn.shown_at) == ("What is this?", [], 0)
+        assert turn.media[0].hash == digest and turn.replies[0].answer == "a square" and record.version == 3
+        assert row_count(history, "media_links") == 1  # the upgrade kept the turn's hold on it
+        history.save("browser-1", record.model_copy(update={"turns": []}))
+        assert row_count(history, "media") == 0
     finally:
         history.close()
 

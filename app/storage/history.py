@@ -195,6 +195,18 @@ class Export(Record):
     thumbnails: dict[str, str] = Field(default_factory=dict)
 
 
+def every_turn(turns: Sequence[TurnRecord]) -> Iterator[TurnRecord]:
+    """Every turn of `turns` and of their versions, however deep, depth-first (each turn, then its
+    versions' turns, then the next turn). Without recursion: an import's versions may nest deeper
+    than Python's stack before `ImportLimits` has refused them."""
+    pending = list(reversed(turns))
+    while pending:
+        turn = pending.pop()
+        yield turn
+        for version in reversed(turn.versions):
+            pending.extend(reversed(version))
+
+
 def new_id() -> str:
     return secrets.token_hex(16)
 
@@ -257,6 +269,12 @@ class TurnRow(Base):
     replies: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     item_id: Mapped[str] = mapped_column(String(80), default="", server_default="")
     expected: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # The exchange's other versions (edit and branch), as `TurnRecord.versions` dumps them, and
+    # this turn's place among them: read and written whole like the media and replies.
+    versions: Mapped[list[list[dict[str, Any]]]] = mapped_column(JSON, default=list, server_default="[]")
+    shown_at: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The media of this turn and of every turn of its versions: a medium only a hidden version
+    # holds is still held.
     links: Mapped[list[MediaLink]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
 
 
@@ -562,9 +580,10 @@ class History:
             held_before = {link.hash for turn in row.turns for link in turn.links}
             row.turns.clear()
             session.flush()
-            for medium in {m.hash: m for t in record.turns for m in t.media}.values():
+            for medium in {m.hash: m for t in every_turn(record.turns) for m in t.media}.values():
                 self._keep_media(session, browser_id, medium, files.get(medium.hash), stills.get(medium.hash))
             for position, turn in enumerate(record.turns):
+                held = dict.fromkeys(m.hash for t in every_turn([turn]) for m in t.media)
                 row.turns.append(
                     TurnRow(
                         position=position,
@@ -573,7 +592,9 @@ class History:
                         expected=turn.expected,
                         media=[m.model_dump() for m in turn.media],
                         replies=[r.model_dump() for r in turn.replies],
-                        links=[MediaLink(hash=h) for h in dict.fromkeys(m.hash for m in turn.media)],
+                        versions=[[t.model_dump() for t in version] for version in turn.versions],
+                        shown_at=turn.shown_at,
+                        links=[MediaLink(hash=h) for h in held],
                     )
                 )
             session.flush()
@@ -619,6 +640,8 @@ class History:
                         expected=t.expected,
                         media=[MediaRecord.model_validate(m) for m in t.media],
                         replies=[ReplyRecord.model_validate(r) for r in t.replies],
+                        versions=[[TurnRecord.model_validate(v) for v in version] for version in t.versions],
+                        shown_at=t.shown_at,
                     )
                     for t in row.turns
                 ],
@@ -645,10 +668,11 @@ class History:
         """The conversation as JSON, with its media's thumbnails."""
         record = self.load(browser_id, conversation_id)
         thumbnails = {}
-        for medium in (m for t in record.turns for m in t.media):
-            data = self.thumbnail(browser_id, medium.hash)
+        # Hidden versions' media too; each once (an edited message often resends its pictures).
+        for digest in dict.fromkeys(m.hash for t in every_turn(record.turns) for m in t.media):
+            data = self.thumbnail(browser_id, digest)
             if data:
-                thumbnails[medium.hash] = base64.b64encode(data).decode()
+                thumbnails[digest] = base64.b64encode(data).decode()
         return Export(conversation=record, thumbnails=thumbnails).model_dump_json(indent=1)
 
     def import_json(self, browser_id: str, text: str | bytes) -> ConversationRecord:
@@ -664,8 +688,10 @@ class History:
         except ValidationError as error:
             first = error.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
+            # An error of the JSON itself (not JSON, nested too deep for the parser) has no place.
+            place = f"{where}: " if where else ""
             raise HistoryError(
-                f"That file is not a conversation exported from VLM Playground ({where}: {first['msg']})."
+                f"That file is not a conversation exported from VLM Playground ({place}{first['msg']})."
             ) from None
         IMPORT_LIMITS.check(exported)
         record = exported.conversation.model_copy(update={"id": new_id(), "created_at": 0.0, "version": 0})
@@ -784,24 +810,31 @@ class ImportLimits:
     field_chars: int = 200_000  # a message, an answer, a system prompt
     thumbnails: int = 2000
     thumbnail_bytes_each: int = 64 * 1024
+    # Versions within versions (an edit in a branch made by an edit): a chat reaches a few.
+    version_depth: int = 64
 
     def check(self, exported: Export) -> None:
-        """Refuses, in one line, an import past these limits."""
+        """Refuses, in one line, an import past these limits. The turns of hidden versions count
+        as turns: the limit on turns is on all of them together."""
         record = exported.conversation
+        turns = list(every_turn(record.turns))
         problems = [
-            (len(record.turns) > self.turns, f"at most {self.turns} turns"),
+            (
+                self._version_depth(record.turns) > self.version_depth,
+                f"at most {self.version_depth} levels of versions within versions",
+            ),
+            (len(turns) > self.turns, f"at most {self.turns} turns, their versions included"),
             (len(exported.thumbnails) > self.thumbnails, f"at most {self.thumbnails} thumbnails"),
             (
-                any(len(t.media) > self.media_per_turn for t in record.turns),
+                any(len(t.media) > self.media_per_turn for t in turns),
                 f"at most {self.media_per_turn} files in a turn",
             ),
             (
-                any(len(t.replies) > self.replies_per_turn for t in record.turns),
+                any(len(t.replies) > self.replies_per_turn for t in turns),
                 f"at most {self.replies_per_turn} answers in a turn",
             ),
             (
-                max([len(record.system_prompt), *(self._longest(t) for t in record.turns)])
-                > self.field_chars,
+                max([len(record.system_prompt), *(self._longest(t) for t in turns)]) > self.field_chars,
                 f"at most {self.field_chars:,} characters in a message or an answer",
             ),
             (
@@ -812,6 +845,18 @@ class ImportLimits:
         for broken, limit in problems:
             if broken:
                 raise HistoryError(f"That file cannot be imported: an import holds {limit}.")
+
+    @staticmethod
+    def _version_depth(turns: Sequence[TurnRecord]) -> int:
+        """How deep versions nest in `turns`: 0 without versions, 1 when no version's turn holds
+        versions of its own, and so on. Without recursion, like `every_turn`."""
+        deepest, pending = 0, [(turn, 0) for turn in turns]
+        while pending:
+            turn, depth = pending.pop()
+            if turn.versions:
+                deepest = max(deepest, depth + 1)
+                pending.extend((t, depth + 1) for version in turn.versions for t in version)
+        return deepest
 
     @staticmethod
     def _longest(turn: TurnRecord) -> int:
