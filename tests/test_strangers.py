@@ -408,3 +408,49 @@ def test_a_sent_message_shows_at_once_and_a_refused_one_goes_back_to_the_box(loo
     assert shown == ["Is it there at once?", "Preparing the prompt…"]
     last = rest[-1]
     assert last[0] == [] and last[1].value["text"] == "Is it there at once?" and "⚠️" in last[2]
+
+
+def test_every_version_of_a_chat_is_stored_and_reopened_and_a_crafted_one_breaks_nothing(loop, views):
+    """Edit and branch through the history: a chat's versions come back as they were; an import
+    whose versions claim more versions where an export never writes them reopens as a chat whose
+    every version is reachable, never as a server error."""
+    view, history = views
+    visit = Visit(browser_id="brancher")
+    chat = visit.chat
+    chat.turns += [chat_turn("one", "1"), chat_turn("two", "2")]
+    chat.branch(1, chat_turn("two, edited", "2b"))
+    chat.turns.append(chat_turn("three", "3"))
+    chat.branch(0, chat_turn("one, edited", "1b"))
+    chat.switch(0, 0)
+    assert not isinstance(loop.run(view.save_chat(visit, "tiny-a", "")), str)
+    again = Visit(browser_id="brancher")
+    loop.run(view.reopen(chat.conversation_id, again))
+    assert [t.text for t in again.chat.turns] == ["one", "two, edited", "three"]
+    assert [t.text for t in again.chat.every_turn()] == [t.text for t in chat.every_turn()]
+    labels = [label for label, _ in view.chat.versions_menu(again).choices]
+    assert len(labels) == 4 and "Message 2, version 2 of 2 (shown)" in labels[3]
+
+    crafted = Export(
+        conversation=ConversationRecord(
+            id=new_id(),
+            turns=[
+                TurnRecord(
+                    text="shown",
+                    versions=[
+                        [TurnRecord(text="hidden", versions=[[TurnRecord(text="deeper")]], shown_at=1)]
+                    ],
+                    shown_at=0,
+                )
+            ],
+        )
+    )
+    imported = history.import_json("brancher", crafted.model_dump_json())
+    third = Visit(browser_id="brancher")
+    loop.run(view.reopen(imported.id, third))
+    menu = view.chat.versions_menu(third)
+    assert [label.split(":")[0] for label, _ in menu.choices] == [
+        "Message 1, version 1 of 2 (shown)",
+        "Message 1, version 2 of 2",
+    ]
+    third.chat.switch(0, 1)
+    assert [t.text for t in third.chat.turns] == ["hidden"] and third.chat.turns[0].versions is not None

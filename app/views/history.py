@@ -364,7 +364,10 @@ class HistoryView:
         `video_frames` (the chat's model's), each video gets its strip of frames again."""
         missing = False
 
-        def turns(stored_turns: list[TurnRecord]) -> list[Turn]:
+        def turns(stored_turns: list[TurnRecord], a_version: bool = False) -> list[Turn]:
+            """`stored_turns` back as turns; `a_version`: they are one version of a place, whose
+            first turn's versions are its enclosing record's (any it holds itself are ignored:
+            an export here never writes them)."""
             nonlocal missing
             restored = []
             for stored in stored_turns:
@@ -373,8 +376,8 @@ class HistoryView:
                 restored.append(turn)
             # Each place's versions share one `Versions`; the shown one's tail is the rest here.
             for position, stored in enumerate(stored_turns):
-                if stored.versions:
-                    others = [turns(version) for version in stored.versions]
+                if stored.versions and not (a_version and position == 0):
+                    others = [turns(version, a_version=True) for version in stored.versions]
                     tails = [*others[: stored.shown_at], restored[position:], *others[stored.shown_at :]]
                     versions = Versions(tails=tails)
                     for tail in tails:
