@@ -6,8 +6,10 @@ regenerating, switching between versions and undoing, in any order."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import gradio as gr
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -15,7 +17,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from app.domain.conversation import ConversationError, Session, Turn
 from app.domain.replies import Reply
+from app.domain.sessions import Visit
 from app.storage.history import ConversationRecord, TurnRecord
+from app.views.chat import ChatView, conversation, message_turn
 from app.views.history import record_of
 
 
@@ -171,3 +175,32 @@ def test_undoing_an_edit_brings_back_the_version_shown_before_it() -> None:
     session.drop_last()  # b: b2 is what is left there
     assert [t.text for t in session.turns] == ["a", "b2"]
     assert session.turns[1].versions is None
+
+
+@pytest.mark.parametrize("choice", ["", "x", None, 5, ["0:1"], "0:7", "9:0", "0:1:2", "-1:0", "1" * 400])
+def test_a_made_up_version_choice_changes_nothing_and_says_so_in_a_line(choice: Any) -> None:
+    """The Versions menu's pick comes from the page, or from anyone who posts to Gradio's queue:
+    data, never trusted."""
+    visit = Visit(browser_id="picker")
+    visit.chat.turns += [answered("a"), answered("b")]
+    visit.chat.branch(1, answered("b2"))
+    before = list(visit.chat.turns)
+    _, notice = ChatView(None).switch(choice, visit)  # type: ignore[arg-type]
+    assert visit.chat.turns == before
+    if isinstance(notice, str):  # a pick that looks like one: what to do instead, in one line
+        assert notice.endswith("pick another.") and "\n" not in notice
+    else:
+        assert notice == gr.skip()
+
+
+def test_only_a_message_the_user_wrote_opens_for_editing() -> None:
+    session = Session()
+    picture = Turn(text="What is this?", images=[Path("/nowhere/0000.png")])
+    picture.reply = answered("x").reply
+    session.turns += [picture, answered("Thanks")]
+    shown = conversation(session)
+    kinds = [(m["role"], isinstance(m["content"], str)) for m in shown]
+    texts = [i for i, (role, text) in enumerate(kinds) if role == "user" and text]
+    assert [message_turn(session, i) for i in texts] == [0, 1]
+    others = [i for i in range(len(shown)) if i not in texts]
+    assert all(message_turn(session, i) is None for i in [*others, -1, len(shown), "0", None, (0, 1)])
