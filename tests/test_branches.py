@@ -19,7 +19,7 @@ from app.domain.conversation import ConversationError, Session, Turn
 from app.domain.replies import Reply
 from app.domain.sessions import Visit
 from app.storage.history import ConversationRecord, TurnRecord
-from app.views.chat import ChatView, conversation, message_turn
+from app.views.chat import ChatView
 from app.views.history import record_of
 
 
@@ -193,14 +193,26 @@ def test_a_made_up_version_choice_changes_nothing_and_says_so_in_a_line(choice: 
         assert notice == gr.skip()
 
 
-def test_only_a_message_the_user_wrote_opens_for_editing() -> None:
-    session = Session()
-    picture = Turn(text="What is this?", images=[Path("/nowhere/0000.png")])
-    picture.reply = answered("x").reply
-    session.turns += [picture, answered("Thanks")]
-    shown = conversation(session)
-    kinds = [(m["role"], isinstance(m["content"], str)) for m in shown]
-    texts = [i for i, (role, text) in enumerate(kinds) if role == "user" and text]
-    assert [message_turn(session, i) for i in texts] == [0, 1]
-    others = [i for i in range(len(shown)) if i not in texts]
-    assert all(message_turn(session, i) is None for i in [*others, -1, len(shown), "0", None, (0, 1)])
+@pytest.mark.parametrize("choice", ["", "x", None, 3, "2", "-1", "0 ", "9" * 400])
+def test_a_made_up_message_to_edit_changes_nothing_and_says_so_in_a_line(choice: Any) -> None:
+    visit = Visit(browser_id="editor")
+    visit.chat.turns += [answered("a"), answered("b")]
+    box, notice, _ = ChatView(None).edit(choice, visit)  # type: ignore[arg-type]
+    assert visit.chat.editing is None and box == gr.skip()
+    assert notice.endswith("pick another.") and "\n" not in notice
+
+
+def test_a_message_picked_to_edit_goes_into_the_box_with_its_files(tmp_path: Path) -> None:
+    visit = Visit(browser_id="editor")
+    picture = tmp_path / "0000.png"
+    picture.write_bytes(b"not read here")
+    first = answered("What is this?")
+    first.images.append(picture)
+    visit.chat.turns += [first, answered("b")]
+    box, notice, cancel = ChatView(None).edit("0", visit)  # type: ignore[arg-type]
+    assert visit.chat.editing == 0 and "Editing message 1" in notice
+    assert box.value["text"] == "What is this?" and cancel.visible
+    assert [Path(f["path"] if isinstance(f, dict) else f).name for f in box.value["files"]] == [picture.name]
+    edit_menu, versions = ChatView(None).menus(visit)  # type: ignore[arg-type]
+    assert [label for label, _ in edit_menu.choices] == ["1. “What is this?” (+1 file)", "2. “b”"]
+    assert not versions.visible

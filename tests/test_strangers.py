@@ -427,7 +427,7 @@ def test_every_version_of_a_chat_is_stored_and_reopened_and_a_crafted_one_breaks
     loop.run(view.reopen(chat.conversation_id, again))
     assert [t.text for t in again.chat.turns] == ["one", "two, edited", "three"]
     assert [t.text for t in again.chat.every_turn()] == [t.text for t in chat.every_turn()]
-    labels = [label for label, _ in view.chat.versions_menu(again).choices]
+    labels = [label for label, _ in view.chat.menus(again)[1].choices]
     assert len(labels) == 4 and "Message 2, version 2 of 2 (shown)" in labels[3]
 
     crafted = Export(
@@ -447,7 +447,7 @@ def test_every_version_of_a_chat_is_stored_and_reopened_and_a_crafted_one_breaks
     imported = history.import_json("brancher", crafted.model_dump_json())
     third = Visit(browser_id="brancher")
     loop.run(view.reopen(imported.id, third))
-    menu = view.chat.versions_menu(third)
+    menu = view.chat.menus(third)[1]
     assert [label.split(":")[0] for label, _ in menu.choices] == [
         "Message 1, version 1 of 2 (shown)",
         "Message 1, version 2 of 2",

@@ -417,16 +417,15 @@ def test_an_earlier_message_edited_with_its_picture_branches_and_every_version_s
     wait_for_answer(page, answers=2)
     assert not page.locator("#versions").is_visible()
 
-    # The pencil on the first message: once edited, its text and its picture go into the box.
-    page.locator("#chat button[aria-label=Edit]").first.click()
-    page.locator("#chat textarea").first.fill("Describe this one instead.")
-    page.locator("#chat button[aria-label=Submit]").first.click()
-    poll(lambda: page.input_value("#chat-input textarea") == "Describe this one instead.")
+    # The first message picked to edit: its text and its picture go into the box.
+    pick(page, "edit-menu", "1. “Describe the first picture.” (+1 file)")
+    poll(lambda: page.input_value("#chat-input textarea") == "Describe the first picture.")
     assert "Editing message 1" in page.inner_text("#notice")
     assert page.locator("#chat-input button[aria-label='Remove file']").count() == 1
-    # The picture swapped for another, then sent: the chat goes on from the edited message.
+    # Its text and picture changed, then sent: the chat goes on from the edited message.
     page.locator("#chat-input button[aria-label='Remove file']").click()
     attach(page, "chat-input", [EXAMPLES / "green_square.png"])
+    page.fill("#chat-input textarea", "Describe this one instead.")
     page.press("#chat-input textarea", "Enter")
     poll(lambda: user_messages(page) == 2 and "And a second question." not in page.inner_text("#chat"))
     wait_for_answer(page)
@@ -456,9 +455,14 @@ def test_an_earlier_message_edited_with_its_picture_branches_and_every_version_s
     assert history is not None
     browser = poll(lambda: page.evaluate("localStorage.getItem('vlm-playground-browser')"), 10)
     summary = poll(lambda: history.list(browser))[0]
-    stored = poll(lambda: (r := history.load(browser, summary.id)).turns[0].versions and r)
+    # (the switch back to the first answer stored last, once its event has run)
+    stored = poll(
+        lambda: (
+            (r := history.load(browser, summary.id)).turns[-1].versions and r.turns[-1].shown_at == 0 and r
+        )
+    )
     assert [v[0].text for v in stored.turns[0].versions] == ["Describe this one instead."]
-    assert stored.turns[1].versions and stored.turns[1].shown_at == 0
+    assert len(stored.turns) == 2 and stored.turns[1].text == "And a second question."
     page.reload()
     page.wait_for_selector("#chat-input textarea")
     poll(lambda: page.locator("#versions").is_visible() and user_messages(page) == 3)

@@ -51,9 +51,10 @@ EDITING = (
     "Editing message {number}: change its text or files in the box and send it; the chat goes on "
     "from there as a new version, and the earlier one stays under Versions."
 )
-NOT_EDITABLE = "Only a message you wrote can be edited; its files go into the box with it."
-# A version's place in the Versions menu: "message position:version", both counted from 0.
+# A version's place in the Versions menu: "message position:version", both counted from 0; a
+# message's in the Edit menu: its position. Picks come from the page (or a script): data.
 VERSION_CHOICE = re.compile(r"(\d{1,6}):(\d{1,6})")
+MESSAGE_CHOICE = re.compile(r"\d{1,6}")
 SNIPPET = 40
 
 
@@ -190,20 +191,20 @@ class ChatView:
             visit.chat.close()
         return [], box_idle(value=None), "", ""
 
-    def edit(self, visit: Visit | None, edited: gr.EditData) -> tuple[Any, ...]:
-        """A message of the user's edited in the chat: it goes into the box with its files, to
-        change and send as a new version of that place (see `send`)."""
+    def edit(self, choice: Any, visit: Visit | None) -> tuple[Any, ...]:
+        """A message of the user's picked in the Edit menu: it goes into the box with its files,
+        to change and send as a new version of that place (see `send`). Gradio's own inline
+        edit is not used: its submit breaks on a message shown with pictures (Gradio 6.31)."""
         session = visit.chat if visit is not None else Session()
-        position = message_turn(session, edited.index)
-        if position is None:
-            return conversation(session), gr.skip(), NOT_EDITABLE, gr.skip()
+        found = MESSAGE_CHOICE.fullmatch(choice) if isinstance(choice, str) else None
+        if found is None or int(found[0]) >= len(session.turns):
+            return gr.skip(), "That message is no longer in the chat; pick another.", gr.skip()
+        position = int(found[0])
         turn = session.turns[position]
-        text = edited.value if isinstance(edited.value, str) else turn.text
         session.editing = position
         files = [str(path) for path in turn.files]
         return (
-            conversation(session),
-            box_idle(value={"text": text, "files": files}),
+            box_idle(value={"text": turn.text, "files": files}),
             EDITING.format(number=position + 1),
             gr.Button(visible=True),
         )
@@ -230,10 +231,13 @@ class ChatView:
             return conversation(session), str(error)
         return conversation(session), ""
 
-    def versions_menu(self, visit: Visit | None) -> gr.Dropdown:
-        """The Versions menu: every version of every edited or regenerated place on the chat's
-        shown path; hidden while there are none."""
+    def menus(self, visit: Visit | None) -> tuple[gr.Dropdown, gr.Dropdown]:
+        """The Edit menu (the user's messages) and the Versions menu (every version of every
+        edited or regenerated place on the chat's shown path), each hidden while empty."""
         session = visit.chat if visit is not None else Session()
+        messages = [
+            (f"{n + 1}. {snippet(turn, answer=False)}", str(n)) for n, turn in enumerate(session.turns)
+        ]
         choices = []
         for position, turn in enumerate(session.turns):
             if turn.versions is None:
@@ -243,7 +247,10 @@ class ChatView:
                 mark = " (shown)" if version == shown else ""
                 label = f"Message {position + 1}, version {version + 1} of {count}{mark}: {snippet(tail[0])}"
                 choices.append((label, f"{position}:{version}"))
-        return gr.Dropdown(choices=choices, value=None, visible=bool(choices))
+        return (
+            gr.Dropdown(choices=messages, value=None, visible=bool(messages)),
+            gr.Dropdown(choices=choices, value=None, visible=bool(choices)),
+        )
 
     def picked(self, key: str | None, visit: Visit | None) -> tuple[Any, ...]:
         """The card, the state, the system prompt box and the model's sampling defaults."""
@@ -323,8 +330,6 @@ class ChatView:
             with gr.Column(scale=3, min_width=320):
                 chatbot = gr.Chatbot(
                     elem_id="chat",
-                    # The pencil on a message of the user's: edit it and go on from there.
-                    editable="user",
                     # Most of the window, so that a turn with pictures fits without scrolling.
                     height="72vh",
                     min_height=420,
@@ -333,10 +338,14 @@ class ChatView:
                     buttons=["copy"],
                     latex_delimiters=LATEX_DELIMITERS,
                 )
-                # Other versions of the chat (edited messages, regenerated answers), to go back to.
-                self.versions = versions = gr.Dropdown(
-                    [], value=None, label="Versions", elem_id="versions", visible=False, interactive=True
-                )
+                with gr.Row():
+                    # A message to edit and send again, and the chat's versions to go back to.
+                    self.edit_menu = edit_menu = gr.Dropdown(
+                        [], value=None, label="Edit a message", elem_id="edit-menu", visible=False
+                    )
+                    self.versions = versions = gr.Dropdown(
+                        [], value=None, label="Versions", elem_id="versions", visible=False
+                    )
                 # Above the input box: a grown box pushed a refusal below the window's edge.
                 notice = gr.Markdown(elem_id="notice")
                 box = message_box(
@@ -367,7 +376,7 @@ class ChatView:
             event.then(box_idle, None, [box], show_progress="hidden", queue=False, **PRIVATE)
         box.stop(self.stop, [visit], None, concurrency_limit=None, **PRIVATE)
         undone = undo.click(self.undo, [visit], [chatbot, box, notice], **PRIVATE)
-        edited = chatbot.edit(self.edit, [visit], [chatbot, box, notice, cancel], **PRIVATE)
+        edited = edit_menu.input(self.edit, [edit_menu, visit], [box, notice, cancel], **PRIVATE)
         cancel.click(self.cancel_edit, [visit], [box, notice, cancel], **PRIVATE)
         switched = versions.input(self.switch, [versions, visit], [chatbot, notice], **PRIVATE)
         # Where the conversation changed for good: the history stores it then (`HistoryView`).
@@ -376,7 +385,7 @@ class ChatView:
         # The chat's own trash icon clears the conversation too, not only the screen.
         self.cleared = gr.on([clear.click, chatbot.clear], self.clear, [visit], outputs, **PRIVATE)
         for event in (*self.changed, edited, self.cleared):
-            event.then(self.versions_menu, [visit], [versions], show_progress="hidden", **PRIVATE)
+            event.then(self.menus, [visit], [edit_menu, versions], show_progress="hidden", **PRIVATE)
             event.then(self.edit_button, [visit], [cancel], show_progress="hidden", **PRIVATE)
         model.change(
             self.picked,
@@ -416,29 +425,16 @@ def conversation(session: Session, until: int | None = None) -> list[dict[str, A
     return [message for turn in session.turns[:until] for message in turn_view(turn)]
 
 
-def message_turn(session: Session, index: Any) -> int | None:
-    """Which turn the chat's `index`-th message belongs to, if it is the text the user wrote."""
-    if not isinstance(index, int) or index < 0:
-        return None
-    for position, turn in enumerate(session.turns):
-        messages = turn_view(turn)
-        if index < len(messages):
-            message = messages[index]
-            mine = message["role"] == "user" and isinstance(message["content"], str) and turn.text
-            return position if mine else None
-        index -= len(messages)
-    return None
-
-
-def snippet(turn: Turn) -> str:
-    """A version as the Versions menu names it: its message, then its answer, both cut short."""
+def snippet(turn: Turn, answer: bool = True) -> str:
+    """A turn as a menu names it: its message (then its answer), cut short."""
 
     def cut(text: str) -> str:
         words = " ".join(text.split())
         return words if len(words) <= SNIPPET else words[: SNIPPET - 1] + "…"
 
-    said = f"“{cut(turn.text)}”" if turn.text else "files only"
-    return f"{said} → “{cut(turn.answer)}”" if turn.answer else said
+    files = f" (+{len(turn.files)} file{'s' if len(turn.files) != 1 else ''})" if turn.files else ""
+    said = (f"“{cut(turn.text)}”" if turn.text else "files only") + files
+    return f"{said} → “{cut(turn.answer)}”" if answer and turn.answer else said
 
 
 def turn_view(turn: Turn) -> list[dict[str, Any]]:

@@ -163,7 +163,11 @@ class Page:
             loaded.then(None, [token, browser], None, js=WRITE_TOKEN, queue=False, **PRIVATE)
             loaded.then(self.history.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
             loaded.then(
-                self.chat.versions_menu, [visit], [self.chat.versions], show_progress="hidden", **PRIVATE
+                self.chat.menus,
+                [visit],
+                [self.chat.edit_menu, self.chat.versions],
+                show_progress="hidden",
+                **PRIVATE,
             )
             if self.arena is not None:
                 loaded.then(self.arena.resumed, [visit], restored, show_progress="hidden", **PRIVATE)
