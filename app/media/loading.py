@@ -367,8 +367,14 @@ def decode_video(
 
 
 def fit_frames(frames: np.ndarray, max_side: int) -> np.ndarray:
-    """`frames` (T, H, W, 3) with their longest side at most `max_side`, aspect kept; area
-    averaging, as a processor's own downscale would (no aliasing on fine detail)."""
+    """`frames` (T, H, W, 3) with their longest side at most `max_side`, aspect kept, as little
+    aliased as area averaging leaves them: halved by area averaging while more than half is to
+    go (OpenCV's fast exact-halving path), then the rest by area averaging again, or bilinear
+    where less than a fifth is to go (there neither can keep finer detail, and bilinear is six
+    times cheaper). Side by side here (2026-11-26, random frames): 3 ms a 720p frame and 16 ms a
+    4K one, against 9 and 32 ms for one area step at the odd ratio, which made 16 frames of a
+    720p clip 0.15 s slower than the media benchmark's 0.5 s target allows.
+    """
     height, width = frames.shape[1:3]
     if max(height, width) <= max_side:
         return frames
@@ -376,7 +382,20 @@ def fit_frames(frames: np.ndarray, max_side: int) -> np.ndarray:
 
     scale = max_side / max(height, width)
     size = (max(1, round(width * scale)), max(1, round(height * scale)))
-    return np.stack([cv2.resize(frame, size, interpolation=cv2.INTER_AREA) for frame in frames])
+
+    def fit(frame: np.ndarray) -> np.ndarray:
+        while frame.shape[1] >= 2 * size[0] and frame.shape[0] >= 2 * size[1]:
+            frame = cv2.resize(
+                frame, (frame.shape[1] // 2, frame.shape[0] // 2), interpolation=cv2.INTER_AREA
+            )
+        mild = size[0] >= MILD_STEP * frame.shape[1]
+        return cv2.resize(frame, size, interpolation=cv2.INTER_LINEAR if mild else cv2.INTER_AREA)
+
+    return np.stack([fit(frame) for frame in frames])
+
+
+# A last resize step at least this close to 1 is bilinear (see `fit_frames`).
+MILD_STEP = 0.8
 
 
 def _probe(path: str) -> dict[str, Any]:
