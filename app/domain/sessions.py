@@ -105,6 +105,11 @@ class SessionStore:
         self.sweep()
         with_loop(lambda loop: loop.call_later(self.grace_s + 0.1, self.sweep))
 
+    def attached(self, page: str) -> bool:
+        """Whether Gradio session `page` is a page attached to a visit now."""
+        with self.lock:
+            return any(page in visit.pages for visit in self.visits.values())
+
     def touch(self, visit: Visit) -> None:
         visit.last_used = self.clock()
 

@@ -29,6 +29,7 @@ class ChatApi:
         top_p: float | None,
         max_tokens: float | None,
         seed: float | None,
+        request: gr.Request | None = None,
     ) -> AsyncIterator[str]:
         """One message answered by one model, streamed as the growing answer. Parameters in
         the page's order: message ({"text", "files"}), model key, system prompt, temperature,
@@ -45,6 +46,7 @@ class ChatApi:
                     yield visit.chat.turns[-1].answer
         finally:
             visit.close()
+            self.chat.playground.forget_api_session(request)
 
     def layout(self) -> None:
         """Hidden components that carry `/chat`'s values; it goes through the queue like the page."""

@@ -123,4 +123,11 @@ class LeaderboardView:
             modality.example_inputs = lambda: ALL  # type: ignore[method-assign]
             answer = gr.JSON(label="leaderboard")
             trigger = gr.Button()
-        trigger.click(self.board, [modality], [answer], api_name=LEADERBOARD_API)
+        trigger.click(self.board_api, [modality], [answer], api_name=LEADERBOARD_API)
+
+    async def board_api(self, modality: str, request: gr.Request | None = None) -> dict[str, Any]:
+        """`/leaderboard`'s answer: `board`, and nothing left behind for the call's session."""
+        try:
+            return await self.board(modality)
+        finally:
+            self.playground.forget_api_session(request)

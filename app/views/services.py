@@ -167,6 +167,21 @@ class Playground:
         if failure is not None:
             raise failure
 
+    def forget_api_session(self, request: Any) -> None:
+        """Ends what Gradio keeps for an API call's session (a `gr.Request`; None when called
+        in-process). Gradio keeps a copy of the page's configuration for every session (about
+        0.3 MB of memory for this page, `gradio.state_holder.SessionState`) until 10,000 sessions
+        have come, and a `/call/<name>` without a page is a session of its own each time: the
+        server grew by that much a call. The API endpoints keep nothing there; a page's own
+        session (one attached to a visit) is left alone."""
+        session_hash = getattr(request, "session_hash", None)
+        holder = getattr(getattr(getattr(request, "request", None), "app", None), "state_holder", None)
+        if not session_hash or holder is None or self.sessions.attached(session_hash):
+            return
+        with holder.lock:
+            holder.session_data.pop(session_hash, None)
+            holder.time_last_used.pop(session_hash, None)
+
     def active(self, visit: Visit | None) -> None:
         """The tab did something: its time-to-live counts from now, not from the page's load."""
         if visit is not None:
