@@ -19,6 +19,7 @@ from app.engines.vllm_engine import VllmEngineFactory
 from app.media.loading import VideoDecoderPool
 from app.storage.history import History, sqlite_url
 from app.views import Playground, build, launch
+from app.views.page import PAGE_SESSIONS
 
 
 def call(http: httpx.Client, name: str, data: list[Any]) -> str:
@@ -46,6 +47,9 @@ def test_api_calls_leave_no_session_state_behind(tmp_path: Path):
         assert all("Pick a model" in answer for answer in answers), answers[0]
         assert all("event: complete" in board and '"rounds"' in board for board in boards), boards[0]
         assert len(holder.session_data) == before
+        # Page loads' sessions are kept, but no more than PAGE_SESSIONS of them (Gradio's default
+        # was 10,000 copies of the page's configuration, about 3 GB).
+        assert holder.capacity == PAGE_SESSIONS
     finally:
         demo.close()
         decoder.close()

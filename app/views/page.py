@@ -204,6 +204,14 @@ def queue_less_calls(demo: gr.Blocks) -> dict[int, Callable[[list[Any]], bool]]:
     return {index: accepts(fn.inputs) for index, fn in demo.fns.items() if not fn.queue and fn.fn}
 
 
+# Gradio keeps each page load's session (a copy of the page's configuration, about 0.3 MB here,
+# and its `gr.State`) after the page is gone, until this many sessions have come, then drops the
+# least recently used. Its default, 10,000, is about 3 GB; a page in use is used every second
+# (its model-state timer), so only closed or idle pages reach the end of the line. A dropped
+# live page is told in one line to reload, and its conversation comes back from its token.
+PAGE_SESSIONS = 1000
+
+
 def launch(demo: gr.Blocks, settings: Settings, block: bool = True, quiet: bool | None = None) -> gr.Blocks:
     """Serves the page with a public page's defaults: a bounded queue, no API route that skips
     it, an upload limit, no monitoring page, no tracebacks, no share link unless asked for.
@@ -241,6 +249,7 @@ def launch(demo: gr.Blocks, settings: Settings, block: bool = True, quiet: bool 
         server_port=settings.port,
         share=settings.share,
         max_file_size=settings.max_upload_bytes,
+        state_session_capacity=PAGE_SESSIONS,
         enable_monitoring=False,
         show_error=False,
         run_history=False,
