@@ -356,7 +356,7 @@ class VllmEngine:
         if handler is not None:
             handler.cancel()
         await asyncio.to_thread(shut_down, self._engine)
-        await asyncio.to_thread(_wait_for_exit, self.process_ids)
+        await asyncio.to_thread(wait_for_exit, self.process_ids)
         if self._footprint:
             await asyncio.to_thread(wait_for_memory_freed, before, self._footprint)
 
@@ -490,8 +490,9 @@ def _first_line(error: BaseException) -> str:
     return re.sub(r"(?<![\w.])/[\w./-]+", "<path>", first_line(error))[:300]
 
 
-def _wait_for_exit(process_ids: list[int], timeout_s: float = 30.0) -> None:
-    """Waits for the engine's processes to exit, killing those that outlive the timeout."""
+def wait_for_exit(process_ids: list[int], timeout_s: float = 30.0) -> int:
+    """Waits for an engine's processes to exit, killing those that outlive the timeout; returns
+    how many had to be killed (the GPU check reports it)."""
     import psutil
 
     processes = []
@@ -504,6 +505,7 @@ def _wait_for_exit(process_ids: list[int], timeout_s: float = 30.0) -> None:
         with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
     psutil.wait_procs(alive, timeout=5)
+    return len(alive)
 
 
 def process_tree_memory() -> tuple[int, int]:

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from app.engines.vllm_engine import wait_for_exit
+
 from . import common
 from .common import IMAGE_SIDE, MAX_MODEL_LEN, MAX_NUM_SEQS, PROMPT, gib
 from .machine import gpu_used, wait_for_memory
@@ -105,22 +107,6 @@ def engine_process_ids(engine: Any) -> list[int]:
     return [p.pid for p in processes if p.pid is not None]
 
 
-def wait_for_exit(process_ids: list[int], timeout_s: float = 60.0) -> int:
-    """Waits for the processes to end; returns how many had to be killed."""
-    import psutil
-
-    processes = []
-    for pid in process_ids:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            processes.append(psutil.Process(pid))
-    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
-    for process in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            process.kill()
-    psutil.wait_procs(alive, timeout=5)
-    return len(alive)
-
-
 async def stop(engine: Any, memory_target: int | None) -> dict[str, Any]:
     """Shuts the engine down as the app does, then waits for its processes and its GPU memory."""
     pids = engine_process_ids(engine)
@@ -129,7 +115,8 @@ async def stop(engine: Any, memory_target: int | None) -> dict[str, Any]:
         handler.cancel()
     start = time.perf_counter()
     await asyncio.to_thread(engine.shutdown)
-    killed = await asyncio.to_thread(wait_for_exit, pids)
+    # The app's own wait, with the check's longer timeout (a first build on a GPU is slow to end).
+    killed = await asyncio.to_thread(wait_for_exit, pids, 60.0)
     result: dict[str, Any] = {"processes_gone_s": round(time.perf_counter() - start, 2)}
     if killed:
         result["processes_killed"] = killed
