@@ -15,7 +15,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from app.domain.conversation import ConversationError, Session, Turn
+from app.domain.conversation import MAX_VERSIONS, ConversationError, Session, Turn
 from app.domain.replies import Reply
 from app.domain.sessions import Visit
 from app.storage.history import ConversationRecord, TurnRecord
@@ -80,7 +80,21 @@ class Chatting(RuleBasedStateMachine):
         self.count += 1
         turn = answered(f"message {self.count}")
         self.alive.add(turn.text)
+        self.newest = turn
         return turn
+
+    @precondition(lambda self: getattr(self, "newest", None) is not None)
+    @rule()
+    def newest_answer_fails(self) -> None:
+        """The latest message's answer fails, after any undo or switch since it was sent."""
+        turn, self.newest = self.newest, None
+        assert turn is not None
+        shown_last = bool(self.session.turns) and self.session.turns[-1] is turn
+        before = list(self.session.turns[:-1])
+        self.session.discard(turn)
+        if shown_last:  # out of the chat, the rest as it was
+            self.alive.discard(turn.text)
+            assert self.session.turns[: len(before)] == before
 
     @rule()
     def send(self) -> None:
@@ -90,19 +104,31 @@ class Chatting(RuleBasedStateMachine):
     @rule(data=st.data())
     def edit(self, data: st.DataObject) -> None:
         position = data.draw(st.integers(0, len(self.session.turns) - 1))
-        before = list(self.session.turns[:position])
+        before = list(self.session.turns)
+        if self._full(position):  # refused in one line, nothing changed
+            with pytest.raises(ConversationError, match="versions already"):
+                self.session.branch(position, answered("refused"))
+            assert self.session.turns == before
+            return
         self.session.branch(position, self._new())
-        assert self.session.turns[:position] == before  # what came before the edit stays shown
+        assert self.session.turns[:position] == before[:position]  # what came before stays shown
         assert len(self.session.turns) == position + 1
+
+    def _full(self, position: int) -> bool:
+        versions = self.session.turns[position].versions
+        return versions is not None and len(versions.tails) >= MAX_VERSIONS
 
     @precondition(lambda self: self.session.turns)
     @rule()
     def regenerate(self) -> None:
         last = self.session.turns[-1]
+        if self._full(len(self.session.turns) - 1):
+            return
         again = last.again()
         again.text = f"message {self.count + 1}"  # its own name, to follow it
         self.count += 1
         self.alive.add(again.text)
+        self.newest = again
         self.session.branch(len(self.session.turns) - 1, again)
         assert last.versions is again.versions and last.versions is not None
 
@@ -216,3 +242,36 @@ def test_a_message_picked_to_edit_goes_into_the_box_with_its_files(tmp_path: Pat
     edit_menu, versions = ChatView(None).menus(visit)  # type: ignore[arg-type]
     assert [label for label, _ in edit_menu.choices] == ["1. “What is this?” (+1 file)", "2. “b”"]
     assert not versions.visible
+
+
+def test_a_file_put_back_in_the_box_is_sent_again_under_the_name_the_user_gave_it(tmp_path: Path) -> None:
+    """Edit and Undo put a kept file back in the box; Gradio hands it back as a copy in its
+    cache under the kept file's own name (0000.png): it is still the user's "holiday.png"."""
+    session = Session()
+    upload = tmp_path / "upload" / "holiday.png"
+    upload.parent.mkdir()
+    upload.write_bytes(b"\x89PNG one picture")
+    kept = session.keep(upload)
+    turn = answered("What is this?")
+    turn.images.append(kept)
+    turn.names[kept] = "holiday.png"
+    session.turns.append(turn)
+    copy = tmp_path / "gradio-cache" / kept.name
+    copy.parent.mkdir()
+    copy.write_bytes(kept.read_bytes())
+    assert session.given_name(copy) == "holiday.png"
+    other = tmp_path / "elsewhere" / kept.name  # another picture under the same plain name
+    other.parent.mkdir()
+    other.write_bytes(b"\x89PNG another picture")
+    assert session.given_name(other) == kept.name
+    session.close()
+
+
+def test_a_place_takes_a_bounded_number_of_versions() -> None:
+    """Every save stores every version: a place past MAX_VERSIONS is refused in one line."""
+    session = Session(turns=[answered("a")])
+    for n in range(MAX_VERSIONS - 1):
+        session.branch(0, answered(f"a{n}"))
+    with pytest.raises(ConversationError, match=f"has {MAX_VERSIONS} versions already"):
+        session.branch(0, answered("one too many"))
+    assert len(session.turns[0].versions.tails) == MAX_VERSIONS  # type: ignore[union-attr]

@@ -454,3 +454,47 @@ def test_every_version_of_a_chat_is_stored_and_reopened_and_a_crafted_one_breaks
     ]
     third.chat.switch(0, 1)
     assert [t.text for t in third.chat.turns] == ["hidden"] and third.chat.turns[0].versions is not None
+
+
+def test_a_message_prepared_while_the_chat_changed_is_refused_not_grafted(loop, views):
+    """Undo (or another version picked) while an edited message's prompt is being made: the
+    prompt was made for a chat no longer shown, so the message goes back to the box in one line
+    rather than crashing or answering after turns it never saw."""
+    view, _ = views
+    _, visit = view.playground.sessions.attach(None, "page-changed")
+    key = next(key for key, choice in view.playground.choices.items() if not choice.reason)
+    visit.chat.turns += [chat_turn("one", "1"), chat_turn("two", "2")]
+    visit.chat.editing = 1
+
+    async def run() -> list[Any]:
+        updates = view.chat.send({"text": "two, edited", "files": []}, visit, key, "", 0.0, 1.0, 8, 0)
+        first = await anext(updates)
+        visit.chat.drop_last()  # Undo, while the prompt is made
+        return [first, *[update async for update in updates]]
+
+    *_, last = loop.run(run())
+    assert [turn.text for turn in visit.chat.turns] == ["one"]
+    assert "changed while this message was being prepared" in last[2]
+    assert last[1].value["text"] == "two, edited"
+
+
+def test_a_failed_answer_takes_out_only_its_own_turn_whatever_was_done_meanwhile():
+    """A failed answer's turn leaves the chat; Undo or a version picked while it streamed must
+    not make it take another turn with it."""
+    from app.domain.conversation import Session
+
+    # Regenerate, Undo while the new answer streams, then it fails: the first answer stays.
+    chat = Session(turns=[chat_turn("a", "1"), chat_turn("b", "2")])
+    again = chat.turns[-1].again()
+    chat.branch(1, again)
+    chat.drop_last()
+    chat.discard(again)
+    assert [t.text for t in chat.turns] == ["a", "b"] and chat.turns[1].answer == "2"
+    # Edit the first message, go back to the first version while it streams, then it fails.
+    chat = Session(turns=[chat_turn("a", "1"), chat_turn("b", "2"), chat_turn("c", "3")])
+    edited = chat_turn("a, edited", "")
+    chat.branch(0, edited)
+    chat.switch(0, 0)
+    chat.discard(edited)
+    assert [t.text for t in chat.turns] == ["a", "b", "c"]
+    assert [t.text for t in chat.every_turn()] == ["a", "b", "c", "a, edited"]  # kept, failed

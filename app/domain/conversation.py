@@ -9,6 +9,7 @@ message leaves the conversation as it was.
 from __future__ import annotations
 
 import asyncio
+import filecmp
 import logging
 import os
 import secrets
@@ -43,6 +44,10 @@ TEMPLATE_ALLOWANCE = 64
 # app processes sharing a temporary folder sweep only their own and dead processes' folders.
 SESSION_FOLDER_ROOT = "vlm-playground-session-"
 SESSION_FOLDER_PREFIX = f"{SESSION_FOLDER_ROOT}{os.getpid()}-"
+
+
+# Versions of one place in a chat (edits and regenerated answers): every save stores them all.
+MAX_VERSIONS = 20
 
 
 class ConversationError(ValueError):
@@ -187,6 +192,11 @@ class Session:
         the turns that followed it, stays reachable (`switch`)."""
         shown = self.turns[position]
         versions = shown.versions or Versions(tails=[[shown]])
+        if len(versions.tails) >= MAX_VERSIONS:
+            raise ConversationError(
+                f"Message {position + 1} has {MAX_VERSIONS} versions already: pick one under "
+                "Versions and go on from it, or start a new chat."
+            )
         shown.versions = turn.versions = versions
         versions.keep(self.turns[position:])
         versions.before = versions.place(shown)
@@ -219,13 +229,28 @@ class Session:
             versions.tails[0][0].versions = None
         return turn
 
+    def discard(self, turn: Turn) -> None:
+        """Takes a failed answer's turn out of the chat if it is still the last one shown (as
+        `drop_last`). Where Undo or another version picked took it out of sight while it streamed,
+        nothing else is touched: undone, it is gone already; in a version not shown, it stays
+        there with its failed answer, to regenerate or edit."""
+        if self.turns and self.turns[-1] is turn:
+            self.drop_last()
+
+    def starts_with(self, turns: Sequence[Turn]) -> bool:
+        """Whether the chat still begins with these very turns (nothing undone or switched)."""
+        return len(self.turns) >= len(turns) and all(a is b for a, b in zip(self.turns, turns, strict=False))
+
     def given_name(self, path: str | Path) -> str:
-        """The name the user gave a file this session keeps (put back in the message box by an
-        edit or an undo, it is sent again under that name), else the path's own name."""
+        """The name the user gave a file this session keeps, put back in the message box by an
+        edit or an undo (Gradio hands it back as a copy in its cache, under the kept file's own
+        name: found by that name and its bytes), else the path's own name."""
+        path = Path(path)
         for turn in self.every_turn():
-            if Path(path) in turn.names:
-                return turn.names[Path(path)]
-        return Path(path).name
+            for kept, name in turn.names.items():
+                if kept == path or (kept.name == path.name and same_file(kept, path)):
+                    return name
+        return path.name
 
     def every_turn(self) -> list[Turn]:
         """Every turn of every version, the shown ones first (each version read as `Versions`
@@ -255,6 +280,14 @@ class Session:
         self.editing = None
         self.conversation_id = secrets.token_hex(16)
         self.stored_version = 0
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two files hold the same bytes (False if either is gone)."""
+    try:
+        return a.stat().st_size == b.stat().st_size and filecmp.cmp(a, b, shallow=False)
+    except OSError:
+        return False
 
 
 def is_video(path: str | Path) -> bool:

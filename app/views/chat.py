@@ -47,6 +47,7 @@ WAITING = "Waiting for the model"
 PREPARING = "Preparing the prompt…"
 STATUS_REFRESH_S = 1.0
 NO_VISIT = "This page lost its session; reload it to start again."
+CHANGED_MEANWHILE = "The chat changed while this message was being prepared; send it again."
 EDITING = (
     "Editing message {number}: change its text or files in the box and send it; the chat goes on "
     "from there as a new version, and the earlier one stays under Versions."
@@ -77,6 +78,8 @@ class ChatView:
             session.editing if session.editing is not None and session.editing < len(session.turns) else None
         )
         earlier = session.turns[:editing] if editing is not None else list(session.turns)
+        # What must still be shown when the prompt is ready: the turns before, and the one edited.
+        expected = session.turns[: editing + 1] if editing is not None else list(session.turns)
         # Shown at once: keeping the files and counting the prompt take seconds (a clip's frames,
         # a tokenizer's first load). A refusal below puts the message back in the box.
         shown = conversation(session, until=editing)
@@ -90,19 +93,23 @@ class ChatView:
             turn, clip = await make_turn(session, text, files, self.playground.decoder, card.video_frames)
             clips = {turn.video: clip} if clip else None
             prompt = await self.playground.prompt_for(card, [*earlier, turn], system, clips)
+            # Undo, Clear or another version picked while the prompt was made: it was made for
+            # a chat that is no longer shown.
+            if not session.starts_with(expected):
+                raise ConversationError(CHANGED_MEANWHILE)
+            if editing is None:
+                session.turns.append(turn)
+            else:
+                session.branch(editing, turn)
         except Exception as error:
             yield conversation(session), box_idle(value=message), refusal(error), gr.skip()
             return
-        if editing is None:
-            session.turns.append(turn)
-        else:
-            session.branch(editing, turn)
         session.editing = None
         async for update in self.answer(card, session, turn, prompt, sampling, box_streaming(value=None)):
             yield update
         if turn.reply is not None and turn.reply.state == "failed":
-            session.drop_last()  # the message goes back to the box, to send again
-            session.editing = editing
+            session.discard(turn)  # the message goes back to the box, to send again
+            session.editing = editing if session.starts_with(earlier) else None
             yield conversation(session), box_idle(value=message), gr.skip(), gr.skip()
 
     async def regenerate(
@@ -120,16 +127,18 @@ class ChatView:
             sampling = self.playground.sampling(card, *controls)
             check_media(card, [str(path) for path in turn.files])
             prompt = await self.playground.prompt_for(card, session.turns, system)
+            if not session.turns or session.turns[-1] is not turn:  # changed while it was made
+                raise ConversationError(CHANGED_MEANWHILE)
+            # A new version of the last exchange: the earlier answer stays, under Versions.
+            again = turn.again()
+            session.branch(len(session.turns) - 1, again)
         except Exception as error:
             yield conversation(session), gr.skip(), refusal(error), gr.skip()
             return
-        # A new version of the last exchange: the earlier answer stays, under Versions.
-        again = turn.again()
-        session.branch(len(session.turns) - 1, again)
         async for update in self.answer(card, session, again, prompt, sampling, box_streaming()):
             yield update
         if again.reply is not None and again.reply.state == "failed":
-            session.drop_last()  # the earlier answer shown again, rather than none
+            session.discard(again)  # the earlier answer shown again, rather than none
             yield conversation(session), gr.skip(), gr.skip(), gr.skip()
 
     async def answer(
@@ -355,7 +364,9 @@ class ChatView:
                     regenerate = gr.Button("Regenerate", elem_id="regenerate", size="sm")
                     undo = gr.Button("Undo last turn", elem_id="undo", size="sm")
                     clear = gr.Button("Clear", elem_id="clear", size="sm")
-                    cancel = gr.Button("Cancel edit", elem_id="cancel-edit", size="sm", visible=False)
+                    self.cancel = cancel = gr.Button(
+                        "Cancel edit", elem_id="cancel-edit", size="sm", visible=False
+                    )
                 size = gr.Markdown(elem_id="prompt-size")
                 seeing = any(key == SEEING_KEY for _, key in labels)
                 gr.Examples(examples=example_messages(seeing), inputs=[box], label="Examples")

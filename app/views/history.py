@@ -72,6 +72,9 @@ def record_of(
     still of each video (the first frame the decoding worker gave) for its thumbnail."""
     files: dict[str, Path] = {}
     stills: dict[str, Path] = {}
+    # A file is hashed once however many versions hold it (a regenerated answer's turn shares
+    # its files with the first).
+    described: dict[tuple[Path, str, str], MediaRecord] = {}
 
     def records(turns: list[Turn], version_of: Versions | None = None) -> list[TurnRecord]:
         """`turns` as records; `version_of`: the versions `turns` is one of (its first turn's
@@ -80,7 +83,10 @@ def record_of(
         for turn in turns:
             media = []
             for path, line in zip(turn.files, media_lines(turn), strict=True):
-                medium = describe_media(path, turn.names.get(path, path.name), kind_of(path), line)
+                name = turn.names.get(path, path.name)
+                if (path, name, line) not in described:
+                    described[path, name, line] = describe_media(path, name, kind_of(path), line)
+                medium = described[path, name, line]
                 files[medium.hash] = path
                 if path == turn.video and turn.frames:
                     stills[medium.hash] = turn.frames[0][0]
@@ -164,7 +170,8 @@ class HistoryView:
                     await asyncio.to_thread(history.delete, visit.browser_id, visit.chat.conversation_id)
                 visit.chat.stored_version = 0
                 return gr.skip()
-            record, files, stills = record_of(visit.chat, "chat", model, system)
+            # Off the event loop: every file of every version is hashed.
+            record, files, stills = await asyncio.to_thread(record_of, visit.chat, "chat", model, system)
             visit.chat.stored_version = await asyncio.to_thread(
                 partial(history.save, changes=visit.chat.stored_version, stills=stills),
                 visit.browser_id,
@@ -560,6 +567,7 @@ class HistoryView:
             event.then(
                 chat.menus, [visit], [chat.edit_menu, chat.versions], show_progress="hidden", **PRIVATE
             )
+            event.then(chat.edit_button, [visit], [chat.cancel], show_progress="hidden", **PRIVATE)
         export.click(self.export, [listed, visit], [download, notice], **PRIVATE)
         imported = load.upload(self.import_file, [load, visit], [listed, notice], **PRIVATE)
         imported.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
