@@ -159,6 +159,8 @@ class Session:
     stop_requested: bool = False
     # The place of the message being edited: the next one sent becomes its new version.
     editing: int | None = None
+    # The content hash of each kept file, once worked out (the history stores files by it).
+    file_hashes: dict[Path, str] = field(default_factory=dict)
     _folder: Path | None = None
 
     @property
@@ -278,6 +280,7 @@ class Session:
             self._folder = None
         self.turns.clear()
         self.editing = None
+        self.file_hashes.clear()
         self.conversation_id = secrets.token_hex(16)
         self.stored_version = 0
 

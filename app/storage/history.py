@@ -875,9 +875,14 @@ class ImportLimits:
 IMPORT_LIMITS = ImportLimits()
 
 
-def describe_media(path: Path, name: str, kind: Literal["image", "video"], description: str) -> MediaRecord:
-    """A user's file as a turn records it: by content hash, under the name the user gave it."""
-    return MediaRecord(hash=hash_file(path), name=Path(name).name[:255], kind=kind, description=description)
+def describe_media(
+    path: Path, name: str, kind: Literal["image", "video"], description: str, digest: str | None = None
+) -> MediaRecord:
+    """A user's file as a turn records it: by content hash (`digest`, where the caller already
+    has it), under the name the user gave it."""
+    return MediaRecord(
+        hash=digest or hash_file(path), name=Path(name).name[:255], kind=kind, description=description
+    )
 
 
 def hash_file(path: Path) -> str:

@@ -44,6 +44,7 @@ from app.storage.history import (
     Summary,
     TurnRecord,
     describe_media,
+    hash_file,
 )
 from app.views.chat import PRIVATE, ChatView, conversation
 from app.views.compare import CompareView, columns_view, sent_view
@@ -72,9 +73,6 @@ def record_of(
     still of each video (the first frame the decoding worker gave) for its thumbnail."""
     files: dict[str, Path] = {}
     stills: dict[str, Path] = {}
-    # A file is hashed once however many versions hold it (a regenerated answer's turn shares
-    # its files with the first).
-    described: dict[tuple[Path, str, str], MediaRecord] = {}
 
     def records(turns: list[Turn], version_of: Versions | None = None) -> list[TurnRecord]:
         """`turns` as records; `version_of`: the versions `turns` is one of (its first turn's
@@ -83,10 +81,13 @@ def record_of(
         for turn in turns:
             media = []
             for path, line in zip(turn.files, media_lines(turn), strict=True):
+                # Each kept file is hashed once in the session's life, however many saves and
+                # versions hold it (this runs on the event loop, as a save must see the chat as
+                # it is at that moment, before another event changes it).
+                if path not in session.file_hashes:
+                    session.file_hashes[path] = hash_file(path)
                 name = turn.names.get(path, path.name)
-                if (path, name, line) not in described:
-                    described[path, name, line] = describe_media(path, name, kind_of(path), line)
-                medium = described[path, name, line]
+                medium = describe_media(path, name, kind_of(path), line, session.file_hashes[path])
                 files[medium.hash] = path
                 if path == turn.video and turn.frames:
                     stills[medium.hash] = turn.frames[0][0]
@@ -170,8 +171,7 @@ class HistoryView:
                     await asyncio.to_thread(history.delete, visit.browser_id, visit.chat.conversation_id)
                 visit.chat.stored_version = 0
                 return gr.skip()
-            # Off the event loop: every file of every version is hashed.
-            record, files, stills = await asyncio.to_thread(record_of, visit.chat, "chat", model, system)
+            record, files, stills = record_of(visit.chat, "chat", model, system)
             visit.chat.stored_version = await asyncio.to_thread(
                 partial(history.save, changes=visit.chat.stored_version, stills=stills),
                 visit.browser_id,
