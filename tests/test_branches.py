@@ -239,7 +239,7 @@ def test_a_message_picked_to_edit_goes_into_the_box_with_its_files(tmp_path: Pat
     assert visit.chat.editing == 0 and "Editing message 1" in notice
     assert box.value["text"] == "What is this?" and cancel.visible
     assert [Path(f["path"] if isinstance(f, dict) else f).name for f in box.value["files"]] == [picture.name]
-    edit_menu, versions = ChatView(None).menus(visit)  # type: ignore[arg-type]
+    edit_menu, versions, _ = ChatView(None).menus(visit)  # type: ignore[arg-type]
     assert [label for label, _ in edit_menu.choices] == ["1. “What is this?” (+1 file)", "2. “b”"]
     assert not versions.visible
 

@@ -225,10 +225,15 @@ def display_name(name: str) -> str:
     return base if base not in ("", ".", "..") else "file"
 
 
+def shortened(text: str, length: int) -> str:
+    """`text` on one line, cut to at most `length` characters (an ellipsis where it was cut)."""
+    words = " ".join(text.split())
+    return (words[: length - 1] + "…") if len(words) > length else words
+
+
 def title_of(text: str) -> str:
     """A conversation's first title: its first message's first words."""
-    words = " ".join(text.split())
-    return (words[: TITLE_LENGTH - 1] + "…") if len(words) > TITLE_LENGTH else words or "Pictures"
+    return shortened(text, TITLE_LENGTH) or "Pictures"
 
 
 # --- the tables ---

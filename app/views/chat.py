@@ -31,6 +31,7 @@ from app.domain.conversation import (
 from app.domain.replies import Reply
 from app.domain.sessions import Visit
 from app.engines.base import SamplingSettings, card_sampling
+from app.storage.history import shortened
 from app.views.services import Playground, page_max_tokens, refusal
 from app.views.widgets import (
     LATEX_DELIMITERS,
@@ -77,9 +78,9 @@ class ChatView:
         editing = (
             session.editing if session.editing is not None and session.editing < len(session.turns) else None
         )
-        earlier = session.turns[:editing] if editing is not None else list(session.turns)
         # What must still be shown when the prompt is ready: the turns before, and the one edited.
         expected = session.turns[: editing + 1] if editing is not None else list(session.turns)
+        earlier = expected[:-1] if editing is not None else expected
         # Shown at once: keeping the files and counting the prompt take seconds (a clip's frames,
         # a tokenizer's first load). A refusal below puts the message back in the box.
         shown = conversation(session, until=editing)
@@ -223,10 +224,6 @@ class ChatView:
             visit.chat.editing = None
         return box_idle(value=None), "", gr.Button(visible=False)
 
-    def edit_button(self, visit: Visit | None) -> gr.Button:
-        """Cancel edit, shown while a message is being edited."""
-        return gr.Button(visible=visit is not None and visit.chat.editing is not None)
-
     def switch(self, choice: Any, visit: Visit | None) -> tuple[Any, ...]:
         """Shows another version of the chat, picked in the Versions menu."""
         session = visit.chat if visit is not None else Session()
@@ -240,9 +237,20 @@ class ChatView:
             return conversation(session), str(error)
         return conversation(session), ""
 
-    def menus(self, visit: Visit | None) -> tuple[gr.Dropdown, gr.Dropdown]:
+    def refreshes_after(self, event: Any, visit: gr.State) -> None:
+        """After `event`, the edit controls show the chat as it now is (`menus`)."""
+        event.then(
+            self.menus,
+            [visit],
+            [self.edit_menu, self.versions, self.cancel],
+            show_progress="hidden",
+            **PRIVATE,
+        )
+
+    def menus(self, visit: Visit | None) -> tuple[gr.Dropdown, gr.Dropdown, gr.Button]:
         """The Edit menu (the user's messages) and the Versions menu (every version of every
-        edited or regenerated place on the chat's shown path), each hidden while empty."""
+        edited or regenerated place on the chat's shown path), each hidden while empty, and
+        Cancel edit, shown while a message is being edited."""
         session = visit.chat if visit is not None else Session()
         messages = [
             (f"{n + 1}. {snippet(turn, answer=False)}", str(n)) for n, turn in enumerate(session.turns)
@@ -259,6 +267,7 @@ class ChatView:
         return (
             gr.Dropdown(choices=messages, value=None, visible=bool(messages)),
             gr.Dropdown(choices=choices, value=None, visible=bool(choices)),
+            gr.Button(visible=session.editing is not None),
         )
 
     def picked(self, key: str | None, visit: Visit | None) -> tuple[Any, ...]:
@@ -396,8 +405,7 @@ class ChatView:
         # The chat's own trash icon clears the conversation too, not only the screen.
         self.cleared = gr.on([clear.click, chatbot.clear], self.clear, [visit], outputs, **PRIVATE)
         for event in (*self.changed, edited, self.cleared):
-            event.then(self.menus, [visit], [edit_menu, versions], show_progress="hidden", **PRIVATE)
-            event.then(self.edit_button, [visit], [cancel], show_progress="hidden", **PRIVATE)
+            self.refreshes_after(event, visit)
         model.change(
             self.picked,
             [model, visit],
@@ -438,14 +446,9 @@ def conversation(session: Session, until: int | None = None) -> list[dict[str, A
 
 def snippet(turn: Turn, answer: bool = True) -> str:
     """A turn as a menu names it: its message (then its answer), cut short."""
-
-    def cut(text: str) -> str:
-        words = " ".join(text.split())
-        return words if len(words) <= SNIPPET else words[: SNIPPET - 1] + "…"
-
     files = f" (+{len(turn.files)} file{'s' if len(turn.files) != 1 else ''})" if turn.files else ""
-    said = (f"“{cut(turn.text)}”" if turn.text else "files only") + files
-    return f"{said} → “{cut(turn.answer)}”" if answer and turn.answer else said
+    said = (f"“{shortened(turn.text, SNIPPET)}”" if turn.text else "files only") + files
+    return f"{said} → “{shortened(turn.answer, SNIPPET)}”" if answer and turn.answer else said
 
 
 def turn_view(turn: Turn) -> list[dict[str, Any]]:

@@ -563,11 +563,8 @@ class HistoryView:
         )
         deleted = delete.click(self.delete, [listed, visit], [chatbot, notice], **PRIVATE)
         deleted.then(self.listing_unless_asked, [visit], [listed], show_progress="hidden", **PRIVATE)
-        for event in (opened, renewed, deleted):  # the chat's Versions menu, for its new chat
-            event.then(
-                chat.menus, [visit], [chat.edit_menu, chat.versions], show_progress="hidden", **PRIVATE
-            )
-            event.then(chat.edit_button, [visit], [chat.cancel], show_progress="hidden", **PRIVATE)
+        for event in (opened, renewed, deleted):  # the chat's edit controls, for its new chat
+            chat.refreshes_after(event, visit)
         export.click(self.export, [listed, visit], [download, notice], **PRIVATE)
         imported = load.upload(self.import_file, [load, visit], [listed, notice], **PRIVATE)
         imported.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)

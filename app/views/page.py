@@ -162,13 +162,7 @@ class Page:
             )
             loaded.then(None, [token, browser], None, js=WRITE_TOKEN, queue=False, **PRIVATE)
             loaded.then(self.history.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
-            loaded.then(
-                self.chat.menus,
-                [visit],
-                [self.chat.edit_menu, self.chat.versions],
-                show_progress="hidden",
-                **PRIVATE,
-            )
+            self.chat.refreshes_after(loaded, visit)
             if self.arena is not None:
                 loaded.then(self.arena.resumed, [visit], restored, show_progress="hidden", **PRIVATE)
             loaded.then(self.grid.shown, [visit], grid_shown, show_progress="hidden", **PRIVATE)
