@@ -11,6 +11,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -501,8 +502,9 @@ def test_whatever_users_do_the_lists_and_the_media_folder_hold_exactly_what_they
         history.close()
 
 
-def test_an_upgrade_from_the_first_version_keeps_its_conversations(url: str, tmp_path: Path):
-    """A database made by version 0001 (before the votes), upgraded by today's app."""
+def database_at(url: str, revision: str, *statements: str, parameters: dict[str, Any] | None = None) -> None:
+    """A database made by the app's schema at `revision` (an older version of the app), holding
+    the rows `statements` insert (each given the `parameters` it names)."""
     from alembic import command
     from alembic.config import Config
 
@@ -513,20 +515,23 @@ def test_an_upgrade_from_the_first_version_keeps_its_conversations(url: str, tmp
     config.set_main_option("script_location", str(MIGRATIONS))
     with engine.begin() as connection:
         config.attributes["connection"] = connection
-        command.upgrade(config, "0001")
-        connection.execute(
-            text(
-                "INSERT INTO conversations VALUES "
-                "('0123456789abcdef0123456789abcdef', 'browser-1', 'chat', 'Old', '', '', 1.0, 2.0)"
-            )
-        )
-        connection.execute(
-            text(
-                "INSERT INTO turns (conversation_id, position, text, media, replies) VALUES "
-                "('0123456789abcdef0123456789abcdef', 0, 'An old question', '[]', '[]')"
-            )
-        )
+        command.upgrade(config, revision)
+        for statement in statements:
+            named = {name: value for name, value in (parameters or {}).items() if f":{name}" in statement}
+            connection.execute(text(statement), named)
     engine.dispose()
+
+
+def test_an_upgrade_from_the_first_version_keeps_its_conversations(url: str, tmp_path: Path):
+    """A database made by version 0001 (before the votes), upgraded by today's app."""
+    database_at(
+        url,
+        "0001",
+        "INSERT INTO conversations VALUES "
+        "('0123456789abcdef0123456789abcdef', 'browser-1', 'chat', 'Old', '', '', 1.0, 2.0)",
+        "INSERT INTO turns (conversation_id, position, text, media, replies) VALUES "
+        "('0123456789abcdef0123456789abcdef', 0, 'An old question', '[]', '[]')",
+    )
     history = History(url, tmp_path / "media")
     try:
         assert [s.title for s in history.list("browser-1")] == ["Old"]
@@ -541,37 +546,26 @@ def test_an_upgrade_from_the_first_version_keeps_its_conversations(url: str, tmp
 def test_an_upgrade_from_version_0004_reads_its_turns_as_without_versions(url: str, tmp_path: Path):
     """A database made by version 0004 (before edit and branch), with a turn holding a picture,
     upgraded by today's app: the turn has no other versions and still holds its picture."""
-    from alembic import command
-    from alembic.config import Config
-
-    from app.storage.history import MIGRATIONS, make_engine
-
     digest = "ab" * 32
-    engine = make_engine(url)
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.upgrade(config, "0004")
-        old_turn = {
-            "media": json.dumps([{"hash": digest, "name": "old.png", "kind": "image"}]),
-            "replies": json.dumps([{"model": "m", "answer": "a square"}]),
-            "hash": digest,
-        }
-        for statement in (
-            "INSERT INTO conversations (id, browser_id, kind, title, model, system_prompt, created_at, "
-            "updated_at, version) VALUES ('0123456789abcdef0123456789abcdef', 'browser-1', 'chat', 'Old', "
-            "'', '', 1.0, 2.0, 3)",
-            "INSERT INTO turns (conversation_id, position, text, media, replies) VALUES "
-            "('0123456789abcdef0123456789abcdef', 0, 'What is this?', :media, :replies)",
-            "INSERT INTO media (hash, kind, suffix, size, thumbnail, stored_at) "
-            "VALUES (:hash, 'image', '.png', 5, '', 1.0)",
-            "INSERT INTO media_links (turn_id, hash) SELECT id, :hash FROM turns",
-            "INSERT INTO media_owners (hash, browser_id, has_file) VALUES (:hash, 'browser-1', true)",
-        ):
-            parameters = {name: value for name, value in old_turn.items() if f":{name}" in statement}
-            connection.execute(text(statement), parameters)
-    engine.dispose()
+    old_turn = {
+        "media": json.dumps([{"hash": digest, "name": "old.png", "kind": "image"}]),
+        "replies": json.dumps([{"model": "m", "answer": "a square"}]),
+        "hash": digest,
+    }
+    database_at(
+        url,
+        "0004",
+        "INSERT INTO conversations (id, browser_id, kind, title, model, system_prompt, created_at, "
+        "updated_at, version) VALUES ('0123456789abcdef0123456789abcdef', 'browser-1', 'chat', 'Old', "
+        "'', '', 1.0, 2.0, 3)",
+        "INSERT INTO turns (conversation_id, position, text, media, replies) VALUES "
+        "('0123456789abcdef0123456789abcdef', 0, 'What is this?', :media, :replies)",
+        "INSERT INTO media (hash, kind, suffix, size, thumbnail, stored_at) "
+        "VALUES (:hash, 'image', '.png', 5, '', 1.0)",
+        "INSERT INTO media_links (turn_id, hash) SELECT id, :hash FROM turns",
+        "INSERT INTO media_owners (hash, browser_id, has_file) VALUES (:hash, 'browser-1', true)",
+        parameters=old_turn,
+    )
     history = History(url, tmp_path / "media")
     try:
         with history.engine.connect() as connection:
