@@ -7,7 +7,9 @@ variables are set here, before any test module imports vLLM.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Coroutine, Iterator
@@ -27,6 +29,12 @@ settings.register_profile("deep", max_examples=2000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 use_local_vllm_environment(Path(tempfile.mkdtemp(prefix="vllm-tests-")))
+# One vLLM cache for the run, shared by the workers (made before pytest-xdist starts them, whose
+# environment they inherit) and removed by the process that made it; see `vllm_model_infos`.
+if "VLM_TESTS_VLLM_CACHE" not in os.environ:
+    os.environ["VLM_TESTS_VLLM_CACHE"] = tempfile.mkdtemp(prefix="vllm-cache-")
+    atexit.register(shutil.rmtree, os.environ["VLM_TESTS_VLLM_CACHE"], ignore_errors=True)
+os.environ["VLLM_CACHE_ROOT"] = os.environ["VLM_TESTS_VLLM_CACHE"]
 
 T = TypeVar("T")
 
@@ -48,7 +56,21 @@ class LoopThread:
 
 
 @pytest.fixture(scope="session")
-def loop() -> Iterator[LoopThread]:
+def vllm_model_infos() -> Path:
+    """vLLM's model infos of every architecture the tests build, inspected at once
+    (`tests/model_infos.py`): each engine test asks for it through `loop` or `tiny_cards`."""
+    from model_infos import inspect_once
+
+    from app.catalog.cards import load_cards
+    from app.demo.twins import TWIN_BUILDERS
+
+    cards, cache_root = load_cards(), Path(os.environ["VLLM_CACHE_ROOT"])
+    inspect_once({cards[key].architecture for key in TWIN_BUILDERS}, cache_root)
+    return cache_root
+
+
+@pytest.fixture(scope="session")
+def loop(vllm_model_infos: Path) -> Iterator[LoopThread]:
     thread = LoopThread()
     yield thread
     thread.close()
@@ -60,7 +82,7 @@ TINY_TWINS = {"tiny-a": "qwen2_vl", "tiny-b": "llava"}
 
 
 @pytest.fixture(scope="session")
-def tiny_cards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def tiny_cards(vllm_model_infos: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from app.catalog.cards import load_cards
     from app.demo.models import twin_card
     from app.demo.twins import build_twin
@@ -72,7 +94,7 @@ def tiny_cards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 # Tests that run the real vLLM engine get their shared fixtures from here: any test that asks for
 # one of these is an engine test, marked `slow` and `vllm` so that `make check` leaves it to
 # `make test` (a test may also be marked by hand).
-ENGINE_FIXTURES = {"loop", "tiny_cards"}
+ENGINE_FIXTURES = {"loop", "tiny_cards", "vllm_model_infos"}
 
 
 @pytest.hookimpl(wrapper=True)
@@ -160,10 +182,14 @@ def browser() -> Iterator[Any]:
 # The page's test bench (`ui_pages.py`), for the browser tests: a module's own server, and a
 # fresh page per test. Imported on use, so that the tests without a page import no Gradio here.
 @pytest.fixture(scope="module")
-def served(tiny_cards: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def served(
+    request: pytest.FixtureRequest, tiny_cards: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
     from ui_pages import serve
 
-    yield from serve(tiny_cards, tmp_path_factory)
+    # How many of its models a module's server keeps loaded (`RESIDENT_MODELS` in the module):
+    # one by default, so that models take turns as on a small GPU.
+    yield from serve(tiny_cards, tmp_path_factory, getattr(request.module, "RESIDENT_MODELS", 1))
 
 
 @pytest.fixture

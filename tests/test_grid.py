@@ -378,7 +378,7 @@ def eval_command(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_the_command_line_runs_a_set_into_reports_and_resumes(tmp_path: Path):
+def test_the_command_line_runs_a_set_into_reports_and_resumes(vllm_model_infos: Path, tmp_path: Path):
     env = {**os.environ, "APP_DEMO_DIR": str(tmp_path / "demo"), "APP_HISTORY": "0"}
     common = ["--models", f"{SEEING_KEY},demo_llava", "--set", str(EXAMPLE_SET), "--temperature", "0"]
     report = tmp_path / "out" / "report.html"

@@ -302,6 +302,10 @@ def test_vllm_sockets_fit_however_deep_the_apps_folder_is(tmp_path: Path):
         with socket.socket(socket.AF_UNIX) as server:
             server.bind(str(folder / str(uuid.uuid4())))  # as vLLM names its sockets
         assert environ["VLLM_CACHE_ROOT"].startswith(str(scratch))
+        # A cache the environment already names is kept (the tests share one across processes).
+        kept = {"VLLM_CACHE_ROOT": str(short / "kept")}
+        use_local_vllm_environment(scratch, kept)
+        assert kept["VLLM_CACHE_ROOT"] == str(short / "kept")
         if folder != scratch:  # a folder of its own, private to the app
             assert folder.stat().st_mode & 0o077 == 0
         shutil.rmtree(folder)

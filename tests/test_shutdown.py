@@ -76,7 +76,9 @@ def sockets_in(folder: Path) -> list[Path]:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_mid_answer_stops_the_engines_and_leaves_nothing_behind(tmp_path: Path, signum: int):
+def test_a_signal_mid_answer_stops_the_engines_and_leaves_nothing_behind(
+    vllm_model_infos: Path, tmp_path: Path, signum: int
+):
     from gradio_client import Client
 
     app, url = start_app(tmp_path)

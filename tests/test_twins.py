@@ -179,6 +179,20 @@ def test_a_twin_is_built_once(twin_folders: dict[str, Path]):
     assert (folder / "config.json").stat().st_mtime_ns == stamp
 
 
+def test_vllm_finds_every_twins_model_info_in_the_cache_the_suite_fills_once(vllm_model_infos, monkeypatch):
+    """Each build would otherwise inspect its model class in a process of its own (about 8 s):
+    a vLLM that caches them differently shows here, not as a suite minutes slower."""
+    from vllm.model_executor.models import registry
+
+    def inspect_in_a_new_process(inspect):
+        raise AssertionError("not in the cache: vLLM would start a process to inspect it")
+
+    monkeypatch.setattr(registry, "_run_in_subprocess", inspect_in_a_new_process)
+    for key in TWINS:
+        info = registry.ModelRegistry.models[CARDS[key].architecture].inspect_model_cls()
+        assert info.supports_multimodal, key
+
+
 @pytest.fixture(scope="module")
 def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from clips import write_video

@@ -71,12 +71,12 @@ class RecordingFactory(VllmEngineFactory):
 
 
 def serve(
-    tiny_cards: dict[str, ModelCard], tmp_path_factory: pytest.TempPathFactory
+    tiny_cards: dict[str, ModelCard], tmp_path_factory: pytest.TempPathFactory, resident: int = 1
 ) -> Iterator[tuple[Playground, str, RecordingFactory]]:
     settings = Settings(
         gpu_count=0,
         port=free_port(),
-        max_resident=1,
+        max_resident=resident,
         idle_unload_s=0,
         drain_timeout_s=30,
         queue_size=16,
