@@ -288,6 +288,19 @@ class Settings(BaseSettings):
         Bytes,
         Doc("KV cache per engine without a GPU", "bytes like 256MiB", default="256MiB", metavar="BYTES"),
     ] = 256 * 2**20
+    # vLLM keeps each picture and video it processed, to skip the work when a chat sends it again
+    # (every turn resends the chat's media), in the app's process and again in the engine's: by
+    # default up to 4 GiB each, per engine, so distinct pictures from strangers grew a server by
+    # about 1 MiB each, up to 8 GiB an engine. Bounded here, in both.
+    media_cache_bytes: Annotated[
+        Bytes,
+        Doc(
+            "vLLM's cache of processed pictures and videos, per engine process",
+            "bytes like 512MiB",
+            default="512MiB",
+            metavar="BYTES",
+        ),
+    ] = 512 * 2**20
     model_folders: Annotated[
         dict[str, Path],
         NoDecode,

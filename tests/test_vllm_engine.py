@@ -22,6 +22,17 @@ def test_cpu_engines_are_eager_with_a_bounded_kv_cache():
     assert args["max_model_len"] == CARDS["qwen2_vl"].engine_args["max_model_len"]
 
 
+@pytest.mark.parametrize("gpu_count", [0, 1])
+def test_vllms_cache_of_processed_media_is_bounded_by_the_setting(gpu_count: int):
+    """vLLM's default keeps up to 4 GiB of processed pictures in each of an engine's two
+    processes: distinct pictures from strangers grew it about 1 MiB each (bench_media_cache)."""
+    settings = Settings(gpu_count=gpu_count, media_cache_bytes="256MiB")
+    args = VllmEngineFactory(settings, device_totals=[80 * 10**9]).engine_args(CARDS["qwen2_vl"])
+    assert args["mm_processor_cache_gb"] == 0.25
+    default = VllmEngineFactory(Settings(gpu_count=gpu_count), device_totals=[80 * 10**9])
+    assert default.engine_args(CARDS["qwen2_vl"])["mm_processor_cache_gb"] == 0.5
+
+
 def test_each_gpu_engine_gets_the_memory_its_model_needs_and_may_sleep():
     factory = VllmEngineFactory(Settings(gpu_count=1), device_totals=[80 * 10**9])
     card = CARDS["qwen2_vl"]
