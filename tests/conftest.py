@@ -136,22 +136,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 # engine modules that build many engines, the twins whose processors are slowest to start. A
 # group missing here only starts later: it changes the suite's time, never its verdict.
 LONGEST_FIRST = (
-    "tests/test_ui_views.py",
     "tests/test_ui_chat.py",
+    "tests/test_ui_views.py",
     "tests/test_engine.py",
-    "tests/test_seeing.py",
-    "tests/test_arena.py",
-    "tests/test_sign_in.py",
     "tests/test_grid.py",
+    "tests/test_arena.py",
+    "tests/test_shutdown.py",
+    "tests/test_sign_in.py",
+    "tests/test_seeing.py",
+    "tests/test_twins.py[deepseek_ocr]",
+    "tests/test_twins.py[deepseek_vl_v2]",
+    "tests/test_scheduler_sim.py",
+    "tests/test_main.py",
     "tests/test_twins.py[gemma3n]",
     "tests/test_twins.py[ovis2_5]",
-    "tests/test_twins.py[deepseek_vl_v2]",
-    "tests/test_twins.py[qwen3_vl_moe]",
-    "tests/test_twins.py[qwen2_5_omni]",
+    "tests/test_twins.py[command_a_vision]",
     "tests/test_twins.py[ovis]",
-    "tests/test_main.py",
-    "tests/test_shutdown.py",
-    "tests/test_scheduler_sim.py",
 )
 # Its engine is built per twin (a module fixture per param): each twin is a group of its own.
 TWINS_MODULE = "tests/test_twins.py"
