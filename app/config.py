@@ -289,9 +289,9 @@ class Settings(BaseSettings):
         Doc("KV cache per engine without a GPU", "bytes like 256MiB", default="256MiB", metavar="BYTES"),
     ] = 256 * 2**20
     # vLLM keeps each picture and video it processed, to skip the work when a chat sends it again
-    # (every turn resends the chat's media), in the app's process and again in the engine's: by
-    # default up to 4 GiB each, per engine, so distinct pictures from strangers grew a server by
-    # about 1 MiB each, up to 8 GiB an engine. Bounded here, in both.
+    # (every turn resends the chat's media), in the engine's process (the app's keeps only their
+    # keys): by default up to 4 GiB an engine, so distinct pictures from strangers grew a server
+    # by about 1 MiB each. Bounded here; a card's own `mm_processor_cache_gb` is kept.
     media_cache_bytes: Annotated[
         Bytes,
         Doc(

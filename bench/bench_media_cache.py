@@ -1,11 +1,12 @@
 """Memory of an engine's processes as strangers send distinct pictures, with vLLM's own cache of
-processed media (4 GiB a process) against the app's bound (`APP_MEDIA_CACHE_BYTES`), side by
+processed media (4 GiB an engine) against the app's bound (`APP_MEDIA_CACHE_BYTES`), side by
 side in one run on the Qwen2-VL demo twin (random weights, CPU).
 
     .venv/bin/python bench/bench_media_cache.py [--pictures 800] [--size 448] [--bound 512MiB]
 
-Target: with the app's bound, the engine's processes grow by at most the bound (each process
-holds its own copy); with vLLM's default they grow with every distinct picture.
+Target: with the app's bound, the engine's processes grow by at most about the bound (the
+engine process holds the items; the app's keeps their keys); with vLLM's default they grow with
+every distinct picture.
 """
 
 from __future__ import annotations

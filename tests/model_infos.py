@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 # Run in a child process, so that the tests' own process never imports every model's code. It
@@ -24,14 +25,12 @@ from vllm.model_executor.models import registry
 registry._run_in_subprocess = lambda inspect: inspect()
 for architecture in sys.argv[1:]:
     model = registry.ModelRegistry.models.get(architecture)
-    if model is not None:
+    try:
         model.inspect_model_cls()
+    except Exception as error:  # that model's build inspects it again; the others are kept
+        print(f"could not inspect {architecture}: {error!r}", file=sys.stderr)
 """
 DONE = "inspected"
-
-
-def model_info_files(cache_root: Path) -> list[Path]:
-    return sorted((cache_root / "modelinfos").glob("*.json"))
 
 
 def inspect_once(architectures: set[str], cache_root: Path) -> None:
@@ -42,6 +41,10 @@ def inspect_once(architectures: set[str], cache_root: Path) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (cache_root / DONE).exists():
             return
-        # The environment is the tests' (offline, VLLM_CACHE_ROOT pointing at cache_root).
-        subprocess.run([sys.executable, "-c", INSPECT, *sorted(architectures)], check=True, timeout=600)
+        # The environment is the tests' (offline, VLLM_CACHE_ROOT pointing at cache_root). A
+        # failure here only makes the suite slower: each build inspects its model as usual.
+        try:
+            subprocess.run([sys.executable, "-c", INSPECT, *sorted(architectures)], check=True, timeout=600)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
+            warnings.warn(f"vLLM's model infos were not gathered at once: {error}", stacklevel=2)
         (cache_root / DONE).touch()

@@ -306,6 +306,9 @@ def test_vllm_sockets_fit_however_deep_the_apps_folder_is(tmp_path: Path):
         kept = {"VLLM_CACHE_ROOT": str(short / "kept")}
         use_local_vllm_environment(scratch, kept)
         assert kept["VLLM_CACHE_ROOT"] == str(short / "kept")
+        empty = {"VLLM_CACHE_ROOT": ""}
+        use_local_vllm_environment(scratch, empty)
+        assert empty["VLLM_CACHE_ROOT"].startswith(str(scratch))
         if folder != scratch:  # a folder of its own, private to the app
             assert folder.stat().st_mode & 0o077 == 0
         shutil.rmtree(folder)

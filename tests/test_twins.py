@@ -188,9 +188,13 @@ def test_vllm_finds_every_twins_model_info_in_the_cache_the_suite_fills_once(vll
         raise AssertionError("not in the cache: vLLM would start a process to inspect it")
 
     monkeypatch.setattr(registry, "_run_in_subprocess", inspect_in_a_new_process)
+    gathered = (vllm_model_infos / "inspected").stat().st_mtime
     for key in TWINS:
-        info = registry.ModelRegistry.models[CARDS[key].architecture].inspect_model_cls()
-        assert info.supports_multimodal, key
+        model = registry.ModelRegistry.models[CARDS[key].architecture]
+        assert model.inspect_model_cls().supports_multimodal, key
+        # Written by the one inspection, not since by a build that found it missing or stale.
+        entry = vllm_model_infos / "modelinfos" / model._get_cache_filename()
+        assert entry.stat().st_mtime <= gathered, key
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ def test_cpu_engines_are_eager_with_a_bounded_kv_cache():
 
 @pytest.mark.parametrize("gpu_count", [0, 1])
 def test_vllms_cache_of_processed_media_is_bounded_by_the_setting(gpu_count: int):
-    """vLLM's default keeps up to 4 GiB of processed pictures in each of an engine's two
-    processes: distinct pictures from strangers grew it about 1 MiB each (bench_media_cache)."""
+    """vLLM's default keeps up to 4 GiB of processed pictures in an engine's process: distinct
+    pictures from strangers grew it about 1 MiB each (bench_media_cache)."""
     settings = Settings(gpu_count=gpu_count, media_cache_bytes="256MiB")
     args = VllmEngineFactory(settings, device_totals=[80 * 10**9]).engine_args(CARDS["qwen2_vl"])
     assert args["mm_processor_cache_gb"] == 0.25

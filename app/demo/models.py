@@ -84,8 +84,9 @@ def use_local_vllm_environment(scratch: Path, environ: MutableMapping[str, str] 
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
         VLLM_RPC_BASE_PATH=str(socket_folder(scratch)),
     )
-    environ.setdefault("VLLM_CACHE_ROOT", str(scratch / "cache"))
-    environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(scratch / "inductor"))
+    for name, folder in (("VLLM_CACHE_ROOT", "cache"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
+        if not environ.get(name):  # unset or empty (an empty path is the current folder)
+            environ[name] = str(scratch / folder)
     environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
 
 

@@ -135,7 +135,7 @@ class VllmEngineFactory:
             # Per GPU: the reserve from max_model_len and max_num_seqs, not what profiling leaves.
             args["kv_cache_memory_bytes"] = max(1, need.kv_bytes // need.devices)
             args["enable_sleep_mode"] = True
-        args["mm_processor_cache_gb"] = settings.media_cache_bytes / 2**30
+        args.setdefault("mm_processor_cache_gb", settings.media_cache_bytes / 2**30)
         if settings.hf_cache is not None:
             args["download_dir"] = str(settings.hf_cache)
         if settings.load_format is not None:
