@@ -182,14 +182,10 @@ def browser() -> Iterator[Any]:
 # The page's test bench (`ui_pages.py`), for the browser tests: a module's own server, and a
 # fresh page per test. Imported on use, so that the tests without a page import no Gradio here.
 @pytest.fixture(scope="module")
-def served(
-    request: pytest.FixtureRequest, tiny_cards: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Any]:
+def served(tiny_cards: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from ui_pages import serve
 
-    # How many of its models a module's server keeps loaded (`RESIDENT_MODELS` in the module):
-    # one by default, so that models take turns as on a small GPU.
-    yield from serve(tiny_cards, tmp_path_factory, getattr(request.module, "RESIDENT_MODELS", 1))
+    yield from serve(tiny_cards, tmp_path_factory)
 
 
 @pytest.fixture

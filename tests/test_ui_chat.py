@@ -43,10 +43,6 @@ from app.views.chat import WAITING
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
-# Every model of the bench stays loaded once built (each build is about 10 s of both cores):
-# models taking turns is the subject of the compare and arena tests (test_ui_views.py).
-RESIDENT_MODELS = 4
-
 # --- the chat view ---------------------------------------------------------------------------
 
 
@@ -281,9 +277,6 @@ def test_switching_models_shows_the_load_progress_in_the_chat(page: Page):
     # Named by the repository it copies: its folder on the server (`tiny-twins` here) was shown.
     assert "a random-weight twin of llava-hf/llava-1.5-7b-hf" in card and "tiny-twins" not in card
     assert "random weights" in card
-    # A model no other test here sends to, so that it is loaded now, whatever ran before.
-    pick(page, "model", "Greedy twin")
-    set_max_tokens(page, "chat", 16)
     send(page, "Hello, second model.")
     progress = poll(lambda: next((a for a in bot_messages(page) if a.startswith(WAITING)), None), 60)
     assert re.search(r"is (queued|loading|unloading)", progress)

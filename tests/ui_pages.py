@@ -71,12 +71,12 @@ class RecordingFactory(VllmEngineFactory):
 
 
 def serve(
-    tiny_cards: dict[str, ModelCard], tmp_path_factory: pytest.TempPathFactory, resident: int = 1
+    tiny_cards: dict[str, ModelCard], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Playground, str, RecordingFactory]]:
     settings = Settings(
         gpu_count=0,
         port=free_port(),
-        max_resident=resident,
+        max_resident=1,
         idle_unload_s=0,
         drain_timeout_s=30,
         queue_size=16,
