@@ -28,13 +28,14 @@ settings.register_profile("ci", derandomize=True, max_examples=150)
 settings.register_profile("deep", max_examples=2000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-use_local_vllm_environment(Path(tempfile.mkdtemp(prefix="vllm-tests-")))
 # One vLLM cache for the run, shared by the workers (made before pytest-xdist starts them, whose
 # environment they inherit) and removed by the process that made it; see `vllm_model_infos`.
+# `use_local_vllm_environment` keeps the cache root named here.
 if "VLM_TESTS_VLLM_CACHE" not in os.environ:
     os.environ["VLM_TESTS_VLLM_CACHE"] = tempfile.mkdtemp(prefix="vllm-cache-")
     atexit.register(shutil.rmtree, os.environ["VLM_TESTS_VLLM_CACHE"], ignore_errors=True)
 os.environ["VLLM_CACHE_ROOT"] = os.environ["VLM_TESTS_VLLM_CACHE"]
+use_local_vllm_environment(Path(tempfile.mkdtemp(prefix="vllm-tests-")))
 
 T = TypeVar("T")
 
