@@ -60,6 +60,7 @@ class LoopThread:
 def vllm_model_infos() -> Path:
     """vLLM's model infos of every architecture the tests build, inspected at once
     (`tests/model_infos.py`): each engine test asks for it through `loop` or `tiny_cards`."""
+    from engine_processes import start_engines_from_a_preloaded_server
     from model_infos import inspect_once
 
     from app.catalog.cards import load_cards
@@ -67,6 +68,7 @@ def vllm_model_infos() -> Path:
 
     cards, cache_root = load_cards(), Path(os.environ["VLLM_CACHE_ROOT"])
     inspect_once({cards[key].architecture for key in TWIN_BUILDERS}, cache_root)
+    start_engines_from_a_preloaded_server()
     return cache_root
 
 
