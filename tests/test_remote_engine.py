@@ -51,6 +51,7 @@ def server(tiny_cards: dict[str, ModelCard], tmp_path_factory: pytest.TempPathFa
             "--host", "127.0.0.1", "--port", str(port),
             "--enforce-eager", "--max-model-len", "2048", "--kv-cache-memory-bytes", str(64 * 2**20),
             "--limit-mm-per-prompt", '{"image": 2, "video": 1}', "--trust-request-mm-kwargs",
+            "--trust-request-chat-template",
         ],
         stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(),
     )  # fmt: skip
@@ -114,7 +115,9 @@ def test_image_and_video_answers_stream_through_a_remote_server(loop, manager, t
     _, video_end = loop.run(collect(manager, with_video))
     assert image_end.prompt_tokens > plain_end.prompt_tokens
     assert video_end.prompt_tokens > plain_end.prompt_tokens
-    assert "<image>" in image_end.prompt and "<video>" in video_end.prompt
+    # The card's own placeholders: the prompt it renders is the one the server got.
+    spec = manager.cards["tiny-a"].prompt_spec
+    assert spec.image in image_end.prompt and spec.video in video_end.prompt
     assert manager.status("tiny-a").state is ModelState.READY
 
 
@@ -191,3 +194,45 @@ def test_chat_messages_carry_images_and_sampled_frames_with_their_timestamps(tmp
     assert video_kwargs["frames_indices"] == list(clip.metadata["frames_indices"])
     assert video_kwargs["total_num_frames"] == 20
     assert describe_messages(chat).splitlines()[1] == "user: <image>What?"
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_format_cards_prompt_reaches_the_server_as_a_local_engine_gets_it(loop, tiny_cards, server):
+    """The app sends the prompt a format card renders, and the server tokenises the same prompt
+    as the local engine. The card here writes its user turns unlike the model's chat template
+    (which matches Qwen2-VL's format token for token), so the server's own template would not do."""
+    written = tiny_cards["tiny-a"].model_dump()
+    written["prompt"]["user"] = "<|im_start|>user\nLook closely. {media}{text}<|im_end|>\n"
+    cards = {**tiny_cards, "tiny-a": ModelCard.model_validate(written)}
+    pictures = [
+        Image.fromarray(np.random.default_rng(seed).integers(0, 255, (64, 48, 3), dtype=np.uint8))
+        for seed in (1, 2)
+    ]
+    conversation = [
+        {"role": "system", "content": "Answer in one word."},
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "image": pictures[0]},
+                {"type": "image", "image": pictures[1]},
+                {"type": "text", "text": "Which is brighter?"},
+            ],
+        },
+        {"role": "assistant", "content": "The first."},
+        {"role": "user", "content": "And the second?"},
+    ]
+
+    def ended(remote: bool) -> StreamEnd:
+        remotes = {"tiny-a": f"{server}/v1"} if remote else {}
+        settings = Settings(gpu_count=0, idle_unload_s=0, remote_engines=remotes)
+        manager = EngineManager(cards, settings, VllmEngineFactory(settings))
+        try:
+            return loop.run(collect(manager, conversation))[1]
+        finally:
+            loop.run(manager.close())
+
+    local, remote = ended(remote=False), ended(remote=True)
+    assert remote.prompt == local.prompt and local.prompt.count("Look closely.") == 2
+    assert remote.prompt_tokens == local.prompt_tokens
+    assert remote.completion_tokens == local.completion_tokens == FIXED.max_tokens

@@ -1,9 +1,12 @@
 """A model served by an OpenAI-compatible vLLM server (`vllm serve ...`) on another machine.
 
-The server applies the model's own chat template, so the conversation goes as chat messages
-with image parts (PNG data URLs: lossless, as OCR models need every stroke) and video parts (the
-frames this app sampled, as vLLM's `video/jpeg` data URL, the one frame format it takes, with
-their timestamps passed as `media_io_kwargs`).
+A card whose prompt format this app writes itself (`adapter: format`, most of the catalog) sends
+the prompt it renders, exactly as a local engine gets it: as a per-request chat template that
+prints it (the server needs `--trust-request-chat-template`; without it the server's own
+template is used, with a warning). Other cards use the model's own chat template either way, so
+the server applies it. The media go as chat message parts: images as PNG data URLs (lossless,
+as OCR models need every stroke), videos as the frames this app sampled, in vLLM's `video/jpeg`
+data URL, the one frame format it takes, with their timestamps passed as `media_io_kwargs`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import os
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from app.catalog.adapters import PromptError, to_turns
+from app.catalog.adapters import PromptError, RenderedPrompt, render, to_turns
 from app.catalog.cards import ModelCard
 from app.engines.base import (
     EngineError,
@@ -41,6 +44,7 @@ class RemoteEngine:
         self.served_model = served_model
         self._streams: dict[str, Any] = {}
         self._send_video_metadata = True
+        self._send_rendered_prompt = True
 
     @classmethod
     async def connect(cls, url: str, card: ModelCard) -> RemoteEngine:
@@ -83,9 +87,8 @@ class RemoteEngine:
     ) -> AsyncIterator[TextDelta | StreamEnd]:
         from openai import APIConnectionError, APIStatusError, BadRequestError
 
-        chat, video_kwargs = chat_messages(messages)
         try:
-            stream = await self._open_stream(chat, video_kwargs, sampling)
+            stream, chat, rendered = await self._open(card, messages, sampling)
         except BadRequestError as error:
             detail = _message(error)
             log.info("%s's server refused a request: %s", card.key, detail)
@@ -113,7 +116,8 @@ class RemoteEngine:
                         yield TextDelta(choice.delta.content)
                     if choice.finish_reason:
                         finish_reason = choice.finish_reason
-            yield StreamEnd(finish_reason, prompt_tokens, completion_tokens, describe_messages(chat))
+            shown = describe_messages(chat) if rendered is None else rendered.prompt
+            yield StreamEnd(finish_reason, prompt_tokens, completion_tokens, shown)
         except APIConnectionError:
             raise EngineFailure(
                 f"{card.display_name}: lost the connection to its server at {self.url}."
@@ -122,14 +126,41 @@ class RemoteEngine:
             self._streams.pop(request_id, None)
             await stream.close()
 
+    async def _open(
+        self, card: ModelCard, messages: Sequence[dict[str, Any]], sampling: SamplingSettings
+    ) -> tuple[Any, list[dict[str, Any]], RenderedPrompt | None]:
+        """The request's stream, the chat messages sent, and the prompt sent as written (None
+        where the server's own template writes it)."""
+        rendered = locally_rendered(card, messages) if self._send_rendered_prompt else None
+        chat, video_kwargs = chat_messages(messages if rendered is None else media_message(rendered))
+        try:
+            return await self._open_stream(chat, video_kwargs, sampling, rendered), chat, rendered
+        except RenderedPromptRefused:
+            chat, video_kwargs = chat_messages(messages)
+            return await self._open_stream(chat, video_kwargs, sampling, None), chat, None
+
     async def _open_stream(
-        self, chat: list[dict[str, Any]], video_kwargs: dict[str, Any], sampling: SamplingSettings
+        self,
+        chat: list[dict[str, Any]],
+        video_kwargs: dict[str, Any],
+        sampling: SamplingSettings,
+        rendered: RenderedPrompt | None,
     ) -> Any:
         from openai import BadRequestError
 
         extra: dict[str, Any] = {"ignore_eos": sampling.ignore_eos}
         if video_kwargs and self._send_video_metadata:
             extra["media_io_kwargs"] = {"video": video_kwargs}
+        if rendered is not None:
+            extra.update(
+                chat_template=PRINTS_RENDERED_PROMPT,
+                chat_template_kwargs={"rendered_prompt": rendered.prompt},
+                # As vLLM tokenises a local engine's text prompt (a begin-of-text token where
+                # the tokenizer adds one); chat requests leave special tokens to the template.
+                add_special_tokens=True,
+            )
+            if rendered.stop_token_ids:
+                extra["stop_token_ids"] = rendered.stop_token_ids
         try:
             return await self._client.chat.completions.create(
                 model=self.served_model,
@@ -143,13 +174,22 @@ class RemoteEngine:
                 extra_body=extra,
             )
         except BadRequestError as error:
+            if rendered is not None and "trust-request-chat-template" in str(error):
+                # The card's prompt cannot go as written: the server's own template instead.
+                log.warning(
+                    "%s refuses a per-request chat template; its own template is used, so prompts "
+                    "may differ from a local engine's (start it with --trust-request-chat-template)",
+                    self.url,
+                )
+                self._send_rendered_prompt = False
+                raise RenderedPromptRefused from None
             if "media_io_kwargs" not in extra or "media_io_kwargs" not in str(error):
                 raise
             # A server started without --trust-request-mm-kwargs refuses the frames' timestamps;
             # the frames still go, with vLLM's default timing.
             log.warning("%s refuses per-request video metadata; sending frames without it", self.url)
             self._send_video_metadata = False
-            return await self._open_stream(chat, video_kwargs, sampling)
+            return await self._open_stream(chat, video_kwargs, sampling, rendered)
 
     async def sleep(self) -> None:
         raise EngineError("a remote server cannot be put to sleep from here")
@@ -159,6 +199,34 @@ class RemoteEngine:
 
     async def shutdown(self) -> None:
         await self._client.close()
+
+
+# A per-request chat template that prints the prompt this app rendered, passed as a variable (so
+# nothing a user wrote is ever read as template code).
+PRINTS_RENDERED_PROMPT = "{{ rendered_prompt }}"
+
+
+class RenderedPromptRefused(Exception):
+    """The server takes no per-request chat template (no --trust-request-chat-template)."""
+
+
+def locally_rendered(card: ModelCard, messages: Sequence[dict[str, Any]]) -> RenderedPrompt | None:
+    """The prompt a local engine gets, where this app writes it without the model's tokenizer (a
+    format card); None where the model's own chat template writes it, which the server has."""
+    if card.adapter != "format":
+        return None
+    several_via_template = getattr(card.prompt_spec, "several_images_via_chat_template", False)
+    if several_via_template and any(len(turn.images) > 1 for turn in to_turns(messages)):
+        return None
+    return render(card, messages)
+
+
+def media_message(rendered: RenderedPrompt) -> list[dict[str, Any]]:
+    """The rendered prompt's media, in its order, as one message: the server takes the media
+    from the messages and the text from the template, which prints the prompt as rendered."""
+    parts = [{"type": "image", "image": image} for image in rendered.images]
+    parts += [{"type": "video", "video": video} for video in rendered.videos]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": ""}]}]
 
 
 def chat_messages(messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
