@@ -98,17 +98,18 @@ async def swaps_sleep(plan: Plan) -> dict[str, Any]:
                 await phase.run(
                     f"shutdown {SPECS[role].title}", lambda role=role: stop(engines.live.pop(role), None)
                 )
-        back = await asyncio.to_thread(wait_for_memory, target)
-        phase.notes["gpu_after"] = {**memory_snapshot(torch_probe=True), **back}
-        if back.get("memory_back") is not None:
-            phase.check(
-                "GPU memory back after the swaps and shutdowns",
-                back["memory_back"],
-                f"{back.get('above_before_gib')} GiB above before",
-            )
+        await check_memory_back(phase, target, "GPU memory back after the swaps and shutdowns")
     finally:
         await engines.close(phase, target)
     return phase.record()
+
+
+async def check_memory_back(phase: Phase, target: int | None, name: str) -> None:
+    """Waits for the GPU's memory to come back to `target` and checks it, where NVML reads it."""
+    back = await asyncio.to_thread(wait_for_memory, target)
+    phase.notes["gpu_after"] = {**memory_snapshot(torch_probe=True), **back}
+    if back.get("memory_back") is not None:
+        phase.check(name, back["memory_back"], f"{back.get('above_before_gib')} GiB above before")
 
 
 async def swaps_build(plan: Plan) -> dict[str, Any]:
@@ -155,14 +156,7 @@ async def swaps_build(plan: Plan) -> dict[str, Any]:
         if target is not None and readings:
             phase.notes["after_shutdowns_max_above_before_gib"] = gib(max(readings) - target)
         phase.check(f"{plan.swaps} swaps done", not failures, "; ".join(failures))
-        back = await asyncio.to_thread(wait_for_memory, target)
-        phase.notes["gpu_after"] = {**memory_snapshot(torch_probe=True), **back}
-        if back.get("memory_back") is not None:
-            phase.check(
-                "GPU memory back after the swaps",
-                back["memory_back"],
-                f"{back.get('above_before_gib')} GiB above before",
-            )
+        await check_memory_back(phase, target, "GPU memory back after the swaps")
     finally:
         await engines.close(phase, target)
     return phase.record()
