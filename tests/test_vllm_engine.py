@@ -31,6 +31,9 @@ def test_vllms_cache_of_processed_media_is_bounded_by_the_setting(gpu_count: int
     assert args["mm_processor_cache_gb"] == 0.25
     default = VllmEngineFactory(Settings(gpu_count=gpu_count), device_totals=[80 * 10**9])
     assert default.engine_args(CARDS["qwen2_vl"])["mm_processor_cache_gb"] == 0.5
+    # 0: no cache (every picture processed again in each request), as vLLM reads 0.
+    off = VllmEngineFactory(Settings(gpu_count=gpu_count, media_cache_bytes="0"), device_totals=[80 * 10**9])
+    assert off.engine_args(CARDS["qwen2_vl"])["mm_processor_cache_gb"] == 0
 
 
 def test_each_gpu_engine_gets_the_memory_its_model_needs_and_may_sleep():
