@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -350,8 +350,17 @@ def arena_answers(page: Page, side: str) -> list[str]:
     return page.locator(f"#arena-{side} [data-testid=bot]").all_inner_texts()
 
 
+@pytest.fixture
+def short_answers(served: tuple[Playground, str, RecordingFactory]) -> Iterator[None]:
+    """Answers capped at 24 tokens: the arena has no length control, and six answers at the app's
+    512 tokens, each streamed into the page, took about a minute of the suite's time."""
+    served[2].max_tokens_cap = 24
+    yield
+    served[2].max_tokens_cap = None
+
+
 def test_a_blind_battle_of_two_turns_takes_a_vote_names_the_models_and_updates_the_leaderboard(
-    page: Page, served: tuple[Playground, str, RecordingFactory]
+    page: Page, served: tuple[Playground, str, RecordingFactory], short_answers: None
 ):
     from gradio_client import Client
 

@@ -54,6 +54,9 @@ class RecordingFactory(VllmEngineFactory):
         super().__init__(settings)
         self.engines: dict[str, Any] = {}
         self.asked: list[Any] = []  # the messages of every request, in order
+        # A test whose answers go at the app's own length (the arena has no length control: 512
+        # tokens, each streamed into the page) may cap them; None: as asked.
+        self.max_tokens_cap: int | None = None
 
     async def build(self, card: Any, report: Callable[[str], None], devices: tuple[int, ...] = (0,)) -> Any:
         engine = await super().build(card, report, devices)
@@ -63,6 +66,8 @@ class RecordingFactory(VllmEngineFactory):
             self.asked.append(messages)
             if card.key != SEEING_KEY:  # the trained model's answers end where it ends them
                 sampling = replace(sampling, ignore_eos=True)
+            if self.max_tokens_cap is not None:
+                sampling = replace(sampling, max_tokens=min(sampling.max_tokens or 512, self.max_tokens_cap))
             return generate(card, messages, sampling, request_id)
 
         engine.generate = to_max_tokens
