@@ -255,6 +255,8 @@ class VllmEngine:
         self._lora = lora
         # What the build took on each GPU (NVML index: bytes), measured around it.
         self._footprint = footprint
+        # Requests aborted from outside while between two sends (see `generate`): not sent again.
+        self._aborted: set[str] = set()
         manager = getattr(engine.engine_core, "resources", None)
         processes = getattr(getattr(manager, "engine_manager", None), "processes", [])
         self.process_ids = [p.pid for p in processes if p.pid is not None]
@@ -269,6 +271,7 @@ class VllmEngine:
         return self._engine.get_num_unfinished_requests()
 
     async def abort(self, request_id: str) -> None:
+        self._aborted.add(request_id)
         await self._engine.abort(request_id)
 
     async def generate(
@@ -299,57 +302,68 @@ class VllmEngine:
         # longer holds a picture this process believes it sent before (vLLM's two media caches
         # drift apart under concurrent requests; it then forgets the stale entries so that one
         # resend carries the data). Sent once more; a second error is the user's failure line.
-        for attempt in (1, 2):
-            outputs = self._engine.generate(
-                engine_prompt(card, rendered, literal.token_ids), params, request_id, lora_request=self._lora
-            )
-            prompt_tokens = completion_tokens = 0
-            finished = resend = False
-            try:
-                async for output in outputs:
-                    prompt_tokens = prompt_tokens or len(output.prompt_token_ids or ())
-                    completion = output.outputs[0]
-                    completion_tokens += len(completion.token_ids)
-                    if completion.text:
-                        yield TextDelta(completion.text)
-                    if output.finished:
-                        finished = True
-                        # vLLM's request-level error ("retryable ... internal error"), not an end.
-                        if completion.finish_reason == "error":
-                            resend = attempt == 1 and completion_tokens == 0
-                            if not resend:
-                                raise EngineError(
-                                    f"{card.display_name} could not answer this message (an error "
-                                    "inside the engine); send it again."
+        self._aborted.discard(request_id)
+        try:
+            for attempt in (1, 2):
+                if attempt == 2 and request_id in self._aborted:
+                    yield StreamEnd("abort", 0, 0, rendered.prompt)
+                    return
+                outputs = self._engine.generate(
+                    engine_prompt(card, rendered, literal.token_ids),
+                    params,
+                    request_id,
+                    lora_request=self._lora,
+                )
+                prompt_tokens = completion_tokens = 0
+                finished = resend = False
+                try:
+                    async for output in outputs:
+                        prompt_tokens = prompt_tokens or len(output.prompt_token_ids or ())
+                        completion = output.outputs[0]
+                        completion_tokens += len(completion.token_ids)
+                        if completion.text:
+                            yield TextDelta(completion.text)
+                        if output.finished:
+                            finished = True
+                            # vLLM's request-level error ("retryable ... internal error"), not an end.
+                            if completion.finish_reason == "error":
+                                resend = attempt == 1 and completion_tokens == 0
+                                if not resend:
+                                    log.warning("request %s ended with an error in the engine", request_id)
+                                    raise EngineError(
+                                        f"{card.display_name} could not answer this message (an error "
+                                        "inside the engine, logged); try again, or another message."
+                                    )
+                                log.warning(
+                                    "request %s ended with an error in the engine and no token; sent again",
+                                    request_id,
                                 )
-                            log.warning(
-                                "request %s ended with an error in the engine and no token; sent again",
-                                request_id,
+                                break
+                            yield StreamEnd(
+                                completion.finish_reason or "stop",
+                                prompt_tokens,
+                                completion_tokens,
+                                rendered.prompt,
                             )
-                            break
-                        yield StreamEnd(
-                            completion.finish_reason or "stop",
-                            prompt_tokens,
-                            completion_tokens,
-                            rendered.prompt,
-                        )
-            except EngineDeadError:
-                raise EngineFailure(
-                    f"{card.display_name} stopped unexpectedly (its engine process died); "
-                    "send the message again to restart it."
-                ) from None
-            except EngineError:
-                raise
-            except Exception as error:
-                # vLLM validates the prompt (length, media, sampling) as the request is added.
-                raise self._refusal(card, error, literal) from None
-            finally:
-                await outputs.aclose()
-                if not finished:
-                    with contextlib.suppress(Exception):
-                        await self._engine.abort(request_id)
-            if not resend:
-                return
+                except EngineDeadError:
+                    raise EngineFailure(
+                        f"{card.display_name} stopped unexpectedly (its engine process died); "
+                        "send the message again to restart it."
+                    ) from None
+                except EngineError:
+                    raise
+                except Exception as error:
+                    # vLLM validates the prompt (length, media, sampling) as the request is added.
+                    raise self._refusal(card, error, literal) from None
+                finally:
+                    await outputs.aclose()
+                    if not finished:
+                        with contextlib.suppress(Exception):
+                            await self._engine.abort(request_id)
+                if not resend:
+                    return
+        finally:
+            self._aborted.discard(request_id)
 
     def _refusal(self, card: ModelCard, error: BaseException, literal: LiteralPrompt) -> EngineError:
         """The user's line for an error from vLLM's request path (logged: one line with its
