@@ -15,6 +15,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,7 +27,14 @@ from app.catalog.cards import ModelCard
 from app.config import Settings
 from app.engines.base import EngineError, ModelState, SamplingSettings, StreamEnd, TextDelta
 from app.engines.manager import EngineManager
-from app.engines.remote_engine import chat_messages, describe_messages
+from app.engines.remote_engine import (
+    PROMPTS_WITHOUT_SPECIAL_TOKENS,
+    RemoteEngine,
+    carrier,
+    chat_messages,
+    describe_messages,
+    locally_rendered,
+)
 from app.engines.vllm_engine import VllmEngineFactory
 from app.media.loading import load_video
 
@@ -236,3 +244,96 @@ def test_a_format_cards_prompt_reaches_the_server_as_a_local_engine_gets_it(loop
     assert remote.prompt == local.prompt and local.prompt.count("Look closely.") == 2
     assert remote.prompt_tokens == local.prompt_tokens
     assert remote.completion_tokens == local.completion_tokens == FIXED.max_tokens
+
+
+@pytest.mark.vllm
+def test_the_cards_whose_processor_adds_no_special_tokens_are_those_vllm_says():
+    """vLLM tokenises a local text prompt with the model processor's own choice of special tokens
+    (`get_default_tok_params`); the remote path must ask for the same."""
+    import importlib.util
+
+    from vllm.model_executor.models.registry import _MULTIMODAL_MODELS
+
+    from app.catalog.cards import load_cards
+
+    def adds_none(architecture: str) -> bool:
+        module = importlib.util.find_spec(f"vllm.model_executor.models.{_MULTIMODAL_MODELS[architecture][0]}")
+        source = Path(module.origin).read_text(encoding="utf-8")
+        method = source.split("def get_default_tok_params", 1)
+        return len(method) == 2 and "add_special_tokens=False" in method[1].split("\n    def ", 1)[0]
+
+    served = {card.architecture for card in load_cards().values() if card.adapter == "format"}
+    in_vllm = {architecture for architecture in served if architecture in _MULTIMODAL_MODELS}
+    assert {a for a in in_vllm if adds_none(a)} == PROMPTS_WITHOUT_SPECIAL_TOKENS
+
+
+def test_a_rendered_prompt_goes_with_the_whole_chat_or_with_only_its_media():
+    from app.catalog.cards import load_cards
+
+    cards = load_cards()
+    pictures = [Image.new("RGB", (8, 8), colour) for colour in ("red", "blue")]
+    chat = [
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": pictures[0]}, {"type": "text", "text": "A?"}],
+        },
+        {"role": "assistant", "content": "Red."},
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": pictures[1]}, {"type": "text", "text": "B?"}],
+        },
+    ]
+    # A multi-turn format holds every picture: the chat itself goes (a server whose tokenizer
+    # ignores templates still reads it all).
+    multi = locally_rendered(cards["qwen2_vl"], chat)
+    assert multi is not None and carrier(chat, multi) is chat
+    # A single-turn format holds the latest picture only: that picture and the latest text.
+    single = next(
+        c for c in cards.values() if c.adapter == "format" and not c.multi_turn and "image" in c.modalities
+    )
+    rendered = locally_rendered(single, chat)
+    assert rendered is not None and rendered.images == [pictures[1]]
+    (message,) = carrier(chat, rendered)
+    assert [part.get("image") for part in message["content"]] == [pictures[1], None]
+    assert message["content"][-1]["text"] == "B?"
+    # A card that uses the model's own chat template renders nothing here: the server does.
+    assert locally_rendered(next(c for c in cards.values() if c.adapter != "format"), chat) is None
+
+
+class RefusingTemplates:
+    """An OpenAI client whose server refuses per-request chat templates, as vLLM does without
+    --trust-request-chat-template, and records what it was sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict] = []
+        self.chat = self
+        self.completions = self
+
+    async def create(self, **request: Any) -> Any:
+        import httpx
+        from openai import BadRequestError
+
+        self.sent.append(request)
+        if "chat_template" in request["extra_body"]:
+            response = httpx.Response(400, request=httpx.Request("POST", "http://server/v1/chat/completions"))
+            raise BadRequestError(
+                "Chat template is passed with request, but --trust-request-chat-template is not set.",
+                response=response,
+                body=None,
+            )
+        return "stream"
+
+
+def test_a_server_that_refuses_the_cards_template_gets_the_chat_once_and_then_always(loop, caplog):
+    from app.catalog.cards import load_cards
+
+    card = load_cards()["qwen2_vl"]
+    client = RefusingTemplates()
+    engine = RemoteEngine(client, "http://server/v1", card.hf_repo)
+    messages = [{"role": "user", "content": "Hi"}]
+    for _ in range(2):
+        stream, chat, rendered = loop.run(engine._open(card, messages, FIXED))
+        assert stream == "stream" and rendered is None and chat == [{"role": "user", "content": "Hi"}]
+    # The first request tried the card's prompt; every one after goes straight to the server's own.
+    assert ["chat_template" in r["extra_body"] for r in client.sent] == [True, False, False]
+    assert "--trust-request-chat-template" in caplog.text

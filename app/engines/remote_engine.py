@@ -132,15 +132,16 @@ class RemoteEngine:
         """The request's stream, the chat messages sent, and the prompt sent as written (None
         where the server's own template writes it)."""
         rendered = locally_rendered(card, messages) if self._send_rendered_prompt else None
-        chat, video_kwargs = chat_messages(messages if rendered is None else media_message(rendered))
+        chat, video_kwargs = chat_messages(messages if rendered is None else carrier(messages, rendered))
         try:
-            return await self._open_stream(chat, video_kwargs, sampling, rendered), chat, rendered
+            return await self._open_stream(card, chat, video_kwargs, sampling, rendered), chat, rendered
         except RenderedPromptRefused:
             chat, video_kwargs = chat_messages(messages)
-            return await self._open_stream(chat, video_kwargs, sampling, None), chat, None
+            return await self._open_stream(card, chat, video_kwargs, sampling, None), chat, None
 
     async def _open_stream(
         self,
+        card: ModelCard,
         chat: list[dict[str, Any]],
         video_kwargs: dict[str, Any],
         sampling: SamplingSettings,
@@ -156,8 +157,8 @@ class RemoteEngine:
                 chat_template=PRINTS_RENDERED_PROMPT,
                 chat_template_kwargs={"rendered_prompt": rendered.prompt},
                 # As vLLM tokenises a local engine's text prompt (a begin-of-text token where
-                # the tokenizer adds one); chat requests leave special tokens to the template.
-                add_special_tokens=True,
+                # the model's processor adds one); chat requests leave them to the template.
+                add_special_tokens=card.architecture not in PROMPTS_WITHOUT_SPECIAL_TOKENS,
             )
             if rendered.stop_token_ids:
                 extra["stop_token_ids"] = rendered.stop_token_ids
@@ -189,7 +190,7 @@ class RemoteEngine:
             # the frames still go, with vLLM's default timing.
             log.warning("%s refuses per-request video metadata; sending frames without it", self.url)
             self._send_video_metadata = False
-            return await self._open_stream(chat, video_kwargs, sampling, rendered)
+            return await self._open_stream(card, chat, video_kwargs, sampling, rendered)
 
     async def sleep(self) -> None:
         raise EngineError("a remote server cannot be put to sleep from here")
@@ -204,6 +205,12 @@ class RemoteEngine:
 # A per-request chat template that prints the prompt this app rendered, passed as a variable (so
 # nothing a user wrote is ever read as template code).
 PRINTS_RENDERED_PROMPT = "{{ rendered_prompt }}"
+
+
+# Format cards whose vLLM processor tokenises a text prompt without special tokens (their
+# `get_default_tok_params`); every other multimodal model gets them. Checked against the
+# installed vLLM by tests/test_remote_engine.py.
+PROMPTS_WITHOUT_SPECIAL_TOKENS = frozenset({"Ovis2_5", "PaliGemmaForConditionalGeneration"})
 
 
 class RenderedPromptRefused(Exception):
@@ -221,12 +228,18 @@ def locally_rendered(card: ModelCard, messages: Sequence[dict[str, Any]]) -> Ren
     return render(card, messages)
 
 
-def media_message(rendered: RenderedPrompt) -> list[dict[str, Any]]:
-    """The rendered prompt's media, in its order, as one message: the server takes the media
-    from the messages and the text from the template, which prints the prompt as rendered."""
+def carrier(messages: Sequence[dict[str, Any]], rendered: RenderedPrompt) -> Sequence[dict[str, Any]]:
+    """The messages that go with a rendered prompt: the server takes the media from them and the
+    text from the template. The conversation itself where the prompt holds all its media (so a
+    server whose tokenizer ignores chat templates, as vLLM's Mistral mode does, still reads the
+    whole chat), else the prompt's media with the latest message's text (a single-turn format)."""
+    turns = to_turns(messages)
+    every = [id(item) for turn in turns for item in (*turn.images, *turn.videos)]
+    if every == [id(item) for item in (*rendered.images, *rendered.videos)] or not every:
+        return messages
     parts = [{"type": "image", "image": image} for image in rendered.images]
     parts += [{"type": "video", "video": video} for video in rendered.videos]
-    return [{"role": "user", "content": [*parts, {"type": "text", "text": ""}]}]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": turns[-1].text}]}]
 
 
 def chat_messages(messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
