@@ -175,7 +175,7 @@ COUNT = "a whole number of at least 1"
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=1)]
 Bytes = Annotated[int, BeforeValidator(_bytes), Field(ge=1)]
-BytesOrNone = Annotated[int, BeforeValidator(_bytes), Field(ge=0)]  # 0 turns the thing off
+BytesOrZero = Annotated[int, BeforeValidator(_bytes), Field(ge=0)]  # 0 turns the thing off
 OptionalPath = Annotated[Path | None, BeforeValidator(_blank_is_none)]
 OptionalText = Annotated[str | None, BeforeValidator(_blank_is_none)]
 
@@ -294,7 +294,7 @@ class Settings(BaseSettings):
     # keys): by default up to 4 GiB an engine, so distinct pictures from strangers grew a server
     # by about 1 MiB each. Bounded here; a card's own `mm_processor_cache_gb` is kept.
     media_cache_bytes: Annotated[
-        BytesOrNone,
+        BytesOrZero,
         Doc(
             "vLLM's cache of processed pictures and videos, per engine process (0: none)",
             "bytes like 512MiB",

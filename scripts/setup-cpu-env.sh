@@ -40,15 +40,24 @@ fi
 # uv installs the environment in well under a minute where pip takes over 2 (measured on a
 # 2-core machine); pip is kept as the fallback. Both compile every file to bytecode at install:
 # where PYTHONDONTWRITEBYTECODE is set (CI sets it), nothing compiled later is kept, and every
-# process the tests start would compile vLLM and torch's Python again. uv does not read pip's configuration, so wheel folders pip is told
-# about (`find-links`: where a machine keeps its CPU build of torch) are handed on to it.
+# process the tests start would compile vLLM and torch's Python again. uv does not read pip's
+# configuration, so what in it changes what gets installed is handed on: wheel folders
+# (`find-links`: where a machine keeps its CPU build of torch) and a constraints file.
 # pip's find-links set-up prints a warning per missing index folder; keep the rest.
-FIND_LINKS=()
-for folder in ${PIP_FIND_LINKS:-$("$PY" -m pip config get global.find-links 2>/dev/null || true)}; do
-  FIND_LINKS+=(--find-links "$folder")
+pip_setting() {  # `pip config get` misses some files that `pip config list` reads
+  "$PY" -m pip config list 2>/dev/null | sed -n "s/^global\.$1='\(.*\)'\$/\1/p" | head -1
+}
+UV_OPTIONS=()
+read -ra LINKS <<< "${PIP_FIND_LINKS:-$(pip_setting find-links)}"
+for folder in "${LINKS[@]}"; do
+  UV_OPTIONS+=(--find-links "$folder")
 done
+CONSTRAINT=${PIP_CONSTRAINT:-$(pip_setting constraint)}
+if [ -n "$CONSTRAINT" ] && [ -f "$CONSTRAINT" ]; then
+  UV_OPTIONS+=(--constraint "$CONSTRAINT")
+fi
 if "$PY" -m pip install --quiet --disable-pip-version-check uv==0.13.9 2> "$VENV/pip-stderr.log" \
-  && "$VENV/bin/uv" pip install --quiet --compile-bytecode --python "$PY" "${FIND_LINKS[@]}" -r requirements-cpu.txt; then
+  && "$VENV/bin/uv" pip install --quiet --compile-bytecode --python "$PY" "${UV_OPTIONS[@]}" -r requirements-cpu.txt; then
   :
 else
   echo "uv could not install the environment; installing with pip (a few minutes)" >&2
