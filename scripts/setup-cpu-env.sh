@@ -12,9 +12,14 @@ STAMP="$VENV/.cpu-env-ready"
 # The browser tests drive Debian's Chromium through Playwright (Playwright's own browser
 # download is not reachable from these machines).
 # SKIP_BROWSER=1 (the CPU Docker image) leaves it out.
+SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+APT_UPDATED=""
+apt_update_once() {  # one index download for both packages below (CI installs both)
+  [ -n "$APT_UPDATED" ] || $SUDO apt-get update -qq >/dev/null
+  APT_UPDATED=1
+}
 if [ -z "${SKIP_BROWSER:-}" ] && [ ! -x /usr/bin/chromium ]; then
-  SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
-  $SUDO apt-get update -qq >/dev/null
+  apt_update_once
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
   echo "Installed $(/usr/bin/chromium --version 2>/dev/null)"
 fi
@@ -22,8 +27,7 @@ fi
 # The history tests start a private PostgreSQL server on loopback (tests/postgres.py) from
 # Debian's package. SKIP_POSTGRES=1 (the CPU Docker image) leaves it out.
 if [ -z "${SKIP_POSTGRES:-}" ] && ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
-  SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
-  $SUDO apt-get update -qq >/dev/null
+  apt_update_once
   # Only the server's binaries: no cluster is created or started at install.
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql-common >/dev/null
   $SUDO sed -i 's/^#\?create_main_cluster.*/create_main_cluster = false/' /etc/postgresql-common/createcluster.conf
