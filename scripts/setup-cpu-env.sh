@@ -43,10 +43,10 @@ fi
 [ -x "$PY" ] || python3 -m venv "$VENV"
 # uv installs the environment in well under a minute where pip takes over 2 (measured on a
 # 2-core machine); pip is kept as the fallback. Both compile every file to bytecode at install:
-# where PYTHONDONTWRITEBYTECODE is set (CI sets it), nothing compiled later is kept, and every
-# process the tests start would compile vLLM and torch's Python again. uv does not read pip's
-# configuration, so what in it changes what gets installed is handed on: wheel folders
-# (`find-links`: where a machine keeps its CPU build of torch) and a constraints file.
+# where PYTHONDONTWRITEBYTECODE is set (as on these machines), nothing compiled later is kept,
+# and every process the tests start would compile vLLM and torch's Python again. uv does not
+# read pip's configuration, so what in it changes what gets installed is handed on: wheel
+# folders (`find-links`: where a machine keeps its CPU build of torch) and a constraints file.
 # pip's find-links set-up prints a warning per missing index folder; keep the rest.
 pip_setting() {  # `pip config get` misses some files that `pip config list` reads
   "$PY" -m pip config list 2>/dev/null | sed -n "s/^global\.$1='\(.*\)'\$/\1/p" | head -1
