@@ -66,8 +66,8 @@ class RecordingFactory(VllmEngineFactory):
             self.asked.append(messages)
             if card.key != SEEING_KEY:  # the trained model's answers end where it ends them
                 sampling = replace(sampling, ignore_eos=True)
-            if self.max_tokens_cap is not None:
-                sampling = replace(sampling, max_tokens=min(sampling.max_tokens or 512, self.max_tokens_cap))
+            if (cap := self.max_tokens_cap) is not None:  # sampling is filled in by now
+                sampling = replace(sampling, max_tokens=min(sampling.max_tokens or cap, cap))
             return generate(card, messages, sampling, request_id)
 
         engine.generate = to_max_tokens

@@ -302,7 +302,6 @@ class VllmEngine:
         # longer holds a picture this process believes it sent before (vLLM's two media caches
         # drift apart under concurrent requests; it then forgets the stale entries so that one
         # resend carries the data). Sent once more; a second error is the user's failure line.
-        self._aborted.discard(request_id)
         try:
             for attempt in (1, 2):
                 if attempt == 2 and request_id in self._aborted:
