@@ -224,7 +224,7 @@ def test_a_format_cards_prompt_reaches_the_server_as_a_local_engine_gets_it(loop
             "content": [
                 {"type": "image", "image": pictures[0]},
                 {"type": "image", "image": pictures[1]},
-                {"type": "text", "text": "Which is brighter?"},
+                {"type": "text", "text": "Which is brighter? {{ 7 * 7 }} {% raw %}"},
             ],
         },
         {"role": "assistant", "content": "The first."},
@@ -242,6 +242,9 @@ def test_a_format_cards_prompt_reaches_the_server_as_a_local_engine_gets_it(loop
 
     local, remote = ended(remote=False), ended(remote=True)
     assert remote.prompt == local.prompt and local.prompt.count("Look closely.") == 2
+    # A visitor's template syntax stays text: the same token count as the local engine (below)
+    # means the server did not run it (an unclosed `{% raw %}` would be refused, `{{ 7 * 7 }}` 49).
+    assert "{{ 7 * 7 }} {% raw %}" in remote.prompt
     assert remote.prompt_tokens == local.prompt_tokens
     assert remote.completion_tokens == local.completion_tokens == FIXED.max_tokens
 
