@@ -21,6 +21,7 @@ import os
 import socket
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -119,7 +120,14 @@ def serve(cards: dict[str, ModelCard], settings: Settings, history: History | No
     settings = settings.with_overrides(default_model=default_model(cards, settings))
     shutdown = Shutdown(Path(os.environ.get("VLLM_RPC_BASE_PATH") or tempfile.gettempdir()))
     shutdown.install()
-    manager = EngineManager(cards, settings, VllmEngineFactory(settings))
+    factory = VllmEngineFactory(settings)
+    if settings.gpu_count:
+        # Each Hub model's config and weights' size (kilobytes), so the scheduler sizes a model
+        # from its own numbers before its first build; in the background: the page is up at once.
+        threading.Thread(
+            target=factory.read_facts_from_hub, args=(list(cards.values()),), name="model-facts", daemon=True
+        ).start()
+    manager = EngineManager(cards, settings, factory)
     decoder = VideoDecoderPool()
     playground = Playground(manager, settings, decoder, history)
     print(

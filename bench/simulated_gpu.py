@@ -109,12 +109,21 @@ class SimulatedModel:
     weights_gb: float
     kv_gb: float = 4.0
     devices: int = 1
+    # What the engine really takes on each device, where it differs from the estimate (`need`),
+    # as a real model's does when its size was guessed.
+    actual_gb: float | None = None
 
     @property
     def need(self) -> MemoryNeed:
+        """The estimate the factory gives the scheduler before the build."""
         return MemoryNeed(
             int(self.weights_gb * 1e9), int(self.kv_gb * 1e9), GPU_ENGINE_OVERHEAD_BYTES, self.devices
         )
+
+    @property
+    def taken(self) -> int:
+        """Bytes the engine really takes on each device while awake."""
+        return int(self.actual_gb * 1e9) if self.actual_gb is not None else self.need.per_device
 
     @property
     def build_s(self) -> float:
@@ -190,6 +199,8 @@ class SimulatedEngine:
         self.dead = False
         self.stopped = False
         self.served = 0
+        # Measured at the build, as the real factory does around vLLM's.
+        self.footprint_bytes: int | None = model.taken
         self._aborted: set[str] = set()
         self._running: set[str] = set()
 
@@ -235,18 +246,18 @@ class SimulatedEngine:
     async def sleep(self) -> None:
         await asyncio.sleep(self.model.sleep_s)
         need = self.model.need
-        self.machine.give(self.devices, need.per_device - need.asleep_per_device)
+        self.machine.give(self.devices, self.model.taken - need.asleep_per_device)
         self.machine.take_host(need.asleep_host, f"sleep {self.model.key}")
         self.asleep = True
         self.machine.sleeps.append(self.model.key)
 
     async def wake(self) -> None:
         need = self.model.need
-        self.machine.take(self.devices, need.per_device - need.asleep_per_device, f"wake {self.model.key}")
+        self.machine.take(self.devices, self.model.taken - need.asleep_per_device, f"wake {self.model.key}")
         await asyncio.sleep(self.model.wake_s)
         if self.model.key in self.machine.fail_wakes:
             self.machine.fail_wakes.discard(self.model.key)
-            self.machine.give(self.devices, need.per_device - need.asleep_per_device)
+            self.machine.give(self.devices, self.model.taken - need.asleep_per_device)
             raise RuntimeError("simulated failure to wake")
         self.machine.loading_s += self.model.wake_s
         self.machine.host_used -= need.asleep_host
@@ -263,7 +274,7 @@ class SimulatedEngine:
             self.machine.give(self.devices, need.asleep_per_device)
             self.machine.host_used -= need.asleep_host
         else:
-            self.machine.give(self.devices, need.per_device)
+            self.machine.give(self.devices, self.model.taken)
         self.machine.live.discard(self)
         self.machine.shutdowns.append(self.model.key)
 
@@ -297,7 +308,7 @@ class SimulatedFactory:
     ) -> SimulatedEngine:
         model = self.models[card.key]
         report("starting the engine (simulated)")
-        self.machine.take(devices, model.need.per_device, f"build {card.key}")
+        self.machine.take(devices, model.taken, f"build {card.key}")
         engine = SimulatedEngine(self.machine, model, devices, self.sleep_mode)
         self.machine.live.add(engine)
         started = self.machine.clock()
@@ -308,7 +319,7 @@ class SimulatedFactory:
                 raise EngineError(f"{card.display_name} could not be loaded: simulated failure")
             await asyncio.sleep(model.build_s)
         except BaseException:
-            self.machine.give(devices, model.need.per_device)
+            self.machine.give(devices, model.taken)
             self.machine.live.discard(engine)
             self.machine.failed_builds.append(card.key)
             self.machine.loading_s += self.machine.clock() - started

@@ -43,6 +43,10 @@ RUN_BY: list[tuple[str, str]] = [
         "docker run",
         "tests/test_shipping.py::test_the_image_serves_on_7860_as_a_user_with_a_health_check_and_a_cache_volume",
     ),
+    (
+        ".venv/bin/python bench/memory_table.py",
+        "tests/test_memory.py::test_the_memory_table_in_the_docs_is_what_the_script_prints",
+    ),
     # The script's training and evaluation are the functions the seeing tests call.
     (
         ".venv/bin/python scripts/train_seeing_model.py",

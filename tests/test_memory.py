@@ -6,15 +6,24 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from app.catalog.cards import load_cards
+from app.config import Settings
 from app.engines.memory import (
+    DEFAULT_MAX_NUM_SEQS,
+    GIB,
     GPU_ENGINE_OVERHEAD_BYTES,
+    ModelFacts,
     estimate_need,
+    kv_bytes_per_sequence,
     kv_bytes_per_token,
+    kv_dtype_bytes,
     parameters_from_config,
     parameters_from_name,
+    sliding_windows,
 )
-from app.engines.vllm_engine import visible_devices, wait_for_memory_freed
+from app.engines.vllm_engine import VllmEngineFactory, visible_devices, wait_for_memory_freed
 
 CARDS = load_cards()
 GB = 10**9
@@ -90,3 +99,175 @@ def test_an_omni_config_is_sized_from_its_thinker():
     omni = {"thinker_config": {"text_config": {**text, "vocab_size": 512}}}
     assert parameters_from_config(omni) == parameters_from_config({**text, "vocab_size": 512})
     assert kv_bytes_per_token(omni) == 2 * 2 * 2 * 32 * 2
+
+
+# The text models of the two small-GPU models the README suggests whose reserve was short, as
+# their config.json files describe them (Phi-3 mini without grouped-query attention; SmolLM2).
+PHI_3_5_VISION = {
+    "hidden_size": 3072,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+}
+SMOLVLM2_TEXT = {
+    "hidden_size": 2048,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+}
+
+
+@pytest.mark.parametrize(
+    ("key", "config"), [("phi3_v", PHI_3_5_VISION), ("smolvlm", {"text_config": SMOLVLM2_TEXT})]
+)
+def test_the_kv_reserve_holds_the_cards_full_length_sequences(key: str, config: dict):
+    """Phi-3.5-vision needs 1.5 GiB for one 4,096-token sequence, SmolVLM2 1.5 GiB for 8,192;
+    a reserve guessed from the weights gave them 0.64 and 0.67 GiB, and vLLM refuses to build
+    an engine whose cache cannot hold one full sequence."""
+    card = CARDS[key]
+    need = estimate_need(card, None, on_gpu=True, facts=ModelFacts(config, 8 * GB, "the Hub"))
+    length, sequences = card.engine_args["max_model_len"], card.engine_args["max_num_seqs"]
+    text = config.get("text_config", config)
+    per_token = (
+        2
+        * text["num_hidden_layers"]
+        * text["num_key_value_heads"]
+        * 2
+        * (text["hidden_size"] // text["num_attention_heads"])
+    )
+    assert need.kv_bytes == per_token * length * sequences and need.kv_bytes >= sequences * 1.5 * GIB
+    assert need.kv_from_config and need.from_files and need.weights_bytes == 8 * GB
+    # Without the config, the guess still holds one full sequence of theirs (vLLM then sizes the
+    # cache itself within the share, `kv_cache_memory_bytes` unset: test_vllm_engine).
+    guessed = estimate_need(card, None, on_gpu=True)
+    assert guessed.kv_bytes >= per_token * length and not guessed.kv_from_config
+
+
+def test_kv_arithmetic_follows_each_layers_attention():
+    text = {"hidden_size": 1024, "num_hidden_layers": 12, "num_attention_heads": 8, "num_key_value_heads": 2}
+    full = 12 * 2 * 2 * 128 * 2
+    assert kv_bytes_per_token(text) == full == kv_bytes_per_sequence(text, 1)
+    # Sliding windows: every sixth layer global (older Gemma 3 configs) or as layer_types say; a
+    # windowed layer holds its window plus one step's tokens, never more than the sequence.
+    gemma = {**text, "sliding_window": 1024, "sliding_window_pattern": 6}
+    assert sliding_windows(gemma, 12).count(None) == 2
+    per_layer = full // 12
+    assert kv_bytes_per_sequence(gemma, 4096, batched_tokens=2048) == per_layer * (2 * 4096 + 10 * 3072)
+    assert kv_bytes_per_sequence(gemma, 2048, batched_tokens=2048) == per_layer * 12 * 2048
+    typed = {**text, "sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"] * 6}
+    assert sliding_windows(typed, 12) == [512, None] * 6
+    # Qwen2's configs name a window they do not use.
+    assert sliding_windows({**text, "sliding_window": 4096, "use_sliding_window": False}, 12) == [None] * 12
+    # Multi-head latent attention (DeepSeek-V2 style): one latent vector and the rotary key part.
+    mla = {**text, "kv_lora_rank": 512, "qk_rope_head_dim": 64}
+    assert kv_bytes_per_token(mla) == 12 * (512 + 64) * 2
+    # ChatGLM's own names for KV heads and their size.
+    glm = {
+        "hidden_size": 4096,
+        "num_layers": 40,
+        "num_attention_heads": 32,
+        "multi_query_group_num": 2,
+        "kv_channels": 128,
+    }
+    assert kv_bytes_per_token(glm) == 40 * 2 * 2 * 128 * 2
+    # FP8 KV cache: a byte an element.
+    card = CARDS["qwen2_vl"]
+    assert kv_dtype_bytes(card) == 2
+    fp8 = card.model_copy(
+        update={"reference_engine_args": {**card.reference_engine_args, "kv_cache_dtype": "fp8"}}
+    )
+    assert kv_dtype_bytes(fp8) == 1
+
+
+def _hub_cache(root: Path, repo: str, files: dict[str, str]) -> Path:
+    """A Hugging Face cache holding `files` of `repo` at one revision, laid out as the hub client
+    writes it (refs/main naming the snapshot)."""
+    commit = "0" * 40
+    folder = root / f"models--{repo.replace('/', '--')}"
+    snapshot = folder / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text(commit)
+    for name, text in files.items():
+        (snapshot / name).write_text(text)
+    return snapshot
+
+
+def test_a_hub_model_in_the_hugging_face_cache_is_sized_from_its_own_files(tmp_path: Path, monkeypatch):
+    """Qwen2.5-VL 3B: 5.6 GiB guessed from its name, about 7 GiB real; its config.json and
+    safetensors index in the cache (as a download leaves them) give the real figures, and vLLM is
+    given the reserve exactly."""
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    card = CARDS["qwen2_5_vl"]
+    config = {
+        "text_config": {
+            "hidden_size": 2048,
+            "num_hidden_layers": 36,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 2,
+        }
+    }
+    index = {"metadata": {"total_size": 7_509_245_952}, "weight_map": {}}
+    _hub_cache(
+        tmp_path,
+        card.hf_repo,
+        {"config.json": json.dumps(config), "model.safetensors.index.json": json.dumps(index)},
+    )
+    factory = VllmEngineFactory(Settings(gpu_count=1, hf_cache=tmp_path), device_totals=[24 * GB])
+    need = factory.memory_need(card)
+    assert (
+        need.weights_bytes == 7_509_245_952 and need.weights_from == "safetensors in the Hugging Face cache"
+    )
+    per_token = 2 * 36 * 2 * 128 * 2
+    length, sequences = (
+        card.engine_args["max_model_len"],
+        card.engine_args.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS),
+    )
+    assert need.kv_bytes == per_token * length * sequences and need.from_files
+    assert factory.engine_args(card)["kv_cache_memory_bytes"] == need.kv_bytes
+    # Elsewhere (no cache): a guess from the name, and vLLM sizes the cache within the share.
+    bare = VllmEngineFactory(Settings(gpu_count=1, hf_cache=tmp_path / "empty"), device_totals=[24 * GB])
+    guessed = bare.memory_need(card)
+    assert guessed.weights_from == "the repository's name" and not guessed.from_files
+    assert "kv_cache_memory_bytes" not in bare.engine_args(card)
+
+
+def test_reading_facts_from_an_unreachable_hub_stops_at_the_first_model(monkeypatch, caplog):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    factory = VllmEngineFactory(Settings(gpu_count=1), device_totals=[24 * GB])
+    with caplog.at_level("INFO", logger="app.engines.vllm_engine"):
+        assert factory.read_facts_from_hub(list(CARDS.values())) == 0
+    assert [r.getMessage() for r in caplog.records if "cannot be reached" in r.getMessage()] != []
+    assert len(caplog.records) == 1
+
+
+def test_an_engine_is_booked_as_measured_once_built():
+    need = estimate_need(CARDS["qwen2_vl"], None, on_gpu=True)
+    measured = need.measured(need.per_device + 3 * GIB)
+    assert measured.per_device == need.estimated_per_device + 3 * GIB and measured.from_files
+    assert measured.asleep_per_device == need.asleep_per_device and measured.asleep_host == need.weights_bytes
+
+
+def test_the_memory_table_in_the_docs_is_what_the_script_prints(tmp_path: Path):
+    """docs/MEMORY.md's table is the script's output on a machine without the Hub (an empty
+    Hugging Face cache, offline): a change to the estimator or a card shows there."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path)}
+    printed = subprocess.run(
+        [sys.executable, "bench/memory_table.py"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    docs = (root / "docs" / "MEMORY.md").read_text()
+    table = docs.split("<!-- memory-table:begin -->\n")[1].split("<!-- memory-table:end -->")[0]
+    assert printed == table, "docs/MEMORY.md is out of date: regenerate it with the command it gives"
+    assert len(printed.splitlines()) > 40

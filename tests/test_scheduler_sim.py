@@ -237,6 +237,17 @@ def test_models_that_fit_together_stay_resident_together_and_sleep_beats_rebuild
     check(swapping, small)
 
 
+def test_an_engine_that_took_more_than_its_estimate_is_booked_as_measured():
+    """A model sized from a guess takes 48 GB where 27 GB were estimated. Booked by the estimate,
+    a second 27 GB model would be built beside it on a 72 GB budget (75 GB in use); booked as
+    measured, the first is put to sleep before the second is built."""
+    models = [SimulatedModel("guessed", 20.0, actual_gb=48.0), SimulatedModel("known", 20.0)]
+    assert models[0].need.per_device + models[1].need.per_device < GPU_BUDGET < 48e9 + models[1].taken
+    run = simulate(Trace([Request(0.0, 0, 50, None), Request(300.0, 1, 50, None)]), models, None, True)
+    check(run, models)
+    assert run.machine.builds == ["guessed", "known"] and run.machine.sleeps == ["guessed"]
+
+
 def test_a_model_larger_than_the_budget_is_refused_with_a_reason():
     models = [SimulatedModel("giant", 200.0)]
     run = simulate(Trace([Request(0.0, 0, 10, None)]), models, None, True)

@@ -42,7 +42,8 @@ def test_each_gpu_engine_gets_the_memory_its_model_needs_and_may_sleep():
     need = factory.memory_need(card)
     args = factory.engine_args(card)
     assert args["gpu_memory_utilization"] == round(need.per_device / (80 * 10**9), 4)
-    assert args["kv_cache_memory_bytes"] == need.kv_bytes
+    # No config at hand here (test_memory has one): vLLM sizes the KV cache within the share.
+    assert "kv_cache_memory_bytes" not in args
     assert args["enable_sleep_mode"] is True and args["enforce_eager"] is False
     # A 7B model at bf16: 14 GB of weights; the reserve is max_model_len x max_num_seqs tokens.
     assert 13e9 < need.weights_bytes < 15e9

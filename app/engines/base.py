@@ -224,6 +224,12 @@ class Engine(Protocol):
         """Whether it can be put to sleep (weights to host memory) instead of shut down."""
         ...
 
+    @property
+    def footprint_bytes(self) -> int | None:
+        """What its build took on each device it is on (the most on any one), measured; None
+        where nothing was measured (a remote server, the CPU backend)."""
+        ...
+
     def generate(
         self, card: ModelCard, messages: Sequence[dict[str, Any]], sampling: SamplingSettings, request_id: str
     ) -> AsyncIterator[TextDelta | StreamEnd]: ...

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from app.config import Settings
 from app.engines.admission import Admission
 from app.engines.base import Engine, EngineEvents, EngineFactory, failure_reason
-from app.engines.memory import MemoryNeed
+from app.engines.memory import GIB, MemoryNeed
 from app.engines.scheduler import Capacity, Phase, Resident, host_evictions
 from app.engines.slots import Slot
 from app.engines.status import StatusBoard
@@ -70,10 +70,31 @@ class Lifecycle:
     # --- what the policy sees ------------------------------------------------------------------
 
     def need(self, slot: Slot) -> MemoryNeed | None:
-        """The model's memory here (asked of the factory once); None for a remote server."""
-        if slot.need is None and not self._is_remote(slot):
+        """The model's memory here; None for a remote server. Asked of the factory until it is
+        read from the model's files (a guess is asked again: the files may have come since) and
+        kept from then on; once the engine is built, what it really took."""
+        if self._is_remote(slot):
+            return None
+        if slot.need is None or (not slot.need.from_files and slot.engine is None):
             slot.need = self._factory.memory_need(slot.card)
         return slot.need
+
+    def _book_measured(self, slot: Slot) -> None:
+        """Books what the new engine took, measured, instead of the estimate it was placed by."""
+        need, taken = self.need(slot), slot.engine.footprint_bytes if slot.engine is not None else None
+        if need is None or not taken or self.stopping or self.dead:
+            # Another engine's memory was on its way out during the build: the measure is short.
+            return
+        if abs(taken - need.estimated_per_device) > need.estimated_per_device // 10:
+            log.info(
+                "%s took %.1f GiB per GPU, estimated %.1f GiB (weights from %s, KV cache from %s)",
+                slot.card.key,
+                taken / GIB,
+                need.estimated_per_device / GIB,
+                need.weights_from,
+                need.kv_from,
+            )
+        slot.need = need.measured(taken)
 
     def _is_remote(self, slot: Slot) -> bool:
         return bool(slot.card.remote_url or slot.card.key in self._settings.remote_engines)
@@ -142,6 +163,7 @@ class Lifecycle:
                     slot.card, lambda phase: board.set_phase(slot, phase), slot.devices
                 )
                 slot.asleep = False
+                self._book_measured(slot)
             now = self._clock()
             slot.last_build_s = now - started
             self._events().loaded(slot.card.key, now - started, woke)

@@ -1,17 +1,22 @@
-"""How much memory a model's engine takes, from what is at hand: the card, the model's files.
+"""How much memory a model's engine takes, from the model's own numbers where they can be read.
 
 The scheduler places engines by memory, not by count, so it needs each model's footprint before
-the model is built. The figure is an estimate made of three parts:
+the model is built. The figure has three parts:
 
-- weights: the safetensors files (or their index's `total_size`) where the model is on disk,
-  else the parameters its local `config.json` describes (folders for vLLM's dummy weights),
-  else the card's `parameters_b` or the parameter count in the repository's name (`7B`, `2.2B`,
-  `800m`), at the bytes per parameter of its dtype (FP8 one, AWQ/GPTQ/int4 a half, else two);
-- the KV cache reserve: `max_model_len x max_num_seqs` tokens at the bytes per token of the
-  text model's layers, KV heads and head size where its `config.json` is at hand, else a ratio
-  to the weights typical of grouped-query attention models;
-- a fixed engine overhead per GPU (CUDA context, activations, CUDA graphs), which is also what a
-  sleeping engine keeps on the GPU.
+- weights: the safetensors files (or their index's `total_size`) where the model is on disk (a
+  model folder, or the Hugging Face cache), else the tensors the Hub's safetensors headers list
+  (read once at start on a GPU box, `facts_from_hub`), else the parameters a local `config.json`
+  describes (folders for vLLM's dummy weights), else the card's `parameters_b` or the parameter
+  count in the repository's name (`7B`, `2.2B`, `800m`) at the bytes per parameter of its dtype;
+- the KV cache reserve: `max_num_seqs` sequences of `max_model_len` tokens, each layer of the
+  text model counted as vLLM allocates it (key and value heads times head size, one latent
+  vector for multi-head latent attention, the window plus one step's tokens for sliding-window
+  layers), at the KV cache's dtype. Without a config the reserve is one full-length sequence at
+  a size per token that covers models without grouped-query attention, and vLLM sizes the cache
+  itself within the engine's share;
+- an engine overhead per GPU (CUDA context, activations, CUDA graphs): a stated conservative
+  default, since vLLM publishes no per-model figure, replaced by what the build really took
+  (`MemoryNeed.measured`) once the engine is up.
 
 No torch, no vLLM: the UI process and the simulation use it too.
 """
@@ -19,30 +24,70 @@ No torch, no vLLM: the UI process and the simulation use it too.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from app.catalog.cards import ModelCard
 
+log = logging.getLogger(__name__)
+
 GIB = 2**30
-# What an engine holds per GPU besides weights and KV cache (CUDA context, activations, CUDA
-# graphs); also what a sleeping engine (level 1) keeps on each GPU.
-GPU_ENGINE_OVERHEAD_BYTES = 2 * GIB
+# What an engine holds per GPU besides weights and KV cache (CUDA context, activations of the
+# profiling run, vision encoder included, CUDA graphs); also what a sleeping engine (level 1)
+# keeps on each GPU. A conservative default: vLLM publishes no per-model figure, and the first
+# build's measurement replaces it (see `MemoryNeed.measured`).
+GPU_ENGINE_OVERHEAD_BYTES = 3 * GIB
 # An engine process on the CPU backend: Python, torch and vLLM's modules (measured 800-950 MB).
 CPU_ENGINE_OVERHEAD_BYTES = 1 * GIB
 # Where neither files, card nor name tell: a mid-size model, so an unknown one is not squeezed in.
 UNKNOWN_WEIGHTS_BYTES = 16 * GIB
 UNKNOWN_CPU_WEIGHTS_BYTES = GIB // 4
-# KV bytes per token per byte of weights when the config is not at hand: about what 7B-class
-# grouped-query attention models have (Qwen2-7B: 57 KB a token for 15 GB of weights).
-KV_BYTES_PER_TOKEN_PER_WEIGHT_BYTE = 1 / 100_000
+# KV bytes per token per byte of weights where no config is at hand: what a model without
+# grouped-query attention has (Phi-3.5-vision: 32 layers x 32 KV heads x 96 x 2 x 2 bytes = 393 KB
+# a token for 8.3 GB of weights), up to what the largest such model in the catalog has (LLaVA-1.5
+# 13B: 800 KB); larger models all group their KV heads. Grouped-query models need 5-10 times less,
+# which their config then says.
+KV_BYTES_PER_TOKEN_PER_WEIGHT_BYTE = 1 / 20_000
+MAX_GUESSED_KV_BYTES_PER_TOKEN = 2**20
 DEFAULT_MAX_MODEL_LEN = 4096
 # vLLM's own default is 256 sequences, far more than a playground serves at once: the reserve
 # assumes this many full-length sequences where the card does not set `max_num_seqs`.
 DEFAULT_MAX_NUM_SEQS = 4
+# vLLM gives a sliding-window layer room for its window plus one step's tokens; a step is at most
+# `max_num_batched_tokens`, whose largest default on a GPU this is.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
+# Bytes per element of the dtypes safetensors headers name.
+SAFETENSORS_DTYPE_BYTES = {
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+    "F32": 4,
+    "I32": 4,
+    "U32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I16": 2,
+    "U16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "F8_E8M0": 1,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a model's own files say: its `config.json` and its weights' size, and where read."""
+
+    config: dict[str, Any] | None
+    weights_bytes: int | None
+    source: str
 
 
 @dataclass(frozen=True)
@@ -54,21 +99,44 @@ class MemoryNeed:
     kv_bytes: int
     overhead_bytes: int
     devices: int = 1
+    # Where the weights' and the KV figures come from, in words (logs, docs/MEMORY.md).
+    weights_from: str = "given"
+    kv_from: str = "given"
+    # Whether weights and KV per token come from the model's own files: a guess is asked again,
+    # in case the files have come (downloaded, or read from the Hub) since.
+    from_files: bool = True
+    # What the engine took on each device, measured once it was built: booked instead.
+    measured_per_device: int | None = None
 
     @property
     def per_device(self) -> int:
         """Bytes on each device while awake (tensor parallelism splits weights and KV cache)."""
+        if self.measured_per_device is not None:
+            return self.measured_per_device
+        return self.estimated_per_device
+
+    @property
+    def estimated_per_device(self) -> int:
         return math.ceil((self.weights_bytes + self.kv_bytes) / self.devices) + self.overhead_bytes
+
+    @property
+    def kv_from_config(self) -> bool:
+        """Whether the KV reserve is the config's arithmetic (then vLLM is given it exactly)."""
+        return self.kv_from == "config.json"
 
     @property
     def asleep_per_device(self) -> int:
         """Bytes a sleeping engine keeps on each device (level 1: weights moved out, KV dropped)."""
-        return self.overhead_bytes
+        return min(self.overhead_bytes, self.per_device)
 
     @property
     def asleep_host(self) -> int:
         """Host memory a sleeping engine takes: its weights."""
         return self.weights_bytes
+
+    def measured(self, per_device: int) -> MemoryNeed:
+        """This need with what the engine really took on each device booked instead."""
+        return replace(self, measured_per_device=per_device, from_files=True)
 
     def describe(self) -> str:
         where = f" on each of {self.devices} GPUs" if self.devices > 1 else ""
@@ -127,11 +195,61 @@ def _read_config(folder: Path | None) -> dict[str, Any] | None:
     return config if isinstance(config, dict) else None
 
 
+def facts_in_folder(folder: Path, source: str = "the model's folder") -> ModelFacts | None:
+    """The facts of a model on disk (a local folder or a snapshot in the Hugging Face cache)."""
+    if not folder.is_dir():
+        return None
+    config = _read_config(folder)
+    weights = weights_on_disk(folder)
+    if config is None and weights is None:
+        return None
+    return ModelFacts(config, weights, source)
+
+
+def facts_in_hub_cache(repo: str, revision: str | None, cache_dir: Path | None = None) -> ModelFacts | None:
+    """The facts of a Hub model from the Hugging Face cache alone (no network): its config, and
+    its weights where they (or their index) were downloaded."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(repo, "config.json", cache_dir=cache_dir, revision=revision)
+    except Exception:  # a name the hub client refuses, an unreadable cache
+        return None
+    if not isinstance(found, str):
+        return None
+    return facts_in_folder(Path(found).parent, "the Hugging Face cache")
+
+
+def facts_from_hub(repo: str, revision: str | None, cache_dir: Path | None = None) -> ModelFacts:
+    """The facts of a Hub model read from the Hub: `config.json` (kept in the Hugging Face cache)
+    and the weights' size from the safetensors headers (a few kilobytes, no weights downloaded).
+    Raises the hub client's error where the Hub cannot be reached or the model is not there."""
+    from huggingface_hub import get_safetensors_metadata, hf_hub_download
+
+    path = hf_hub_download(repo, "config.json", revision=revision, cache_dir=cache_dir)
+    config = json.loads(Path(path).read_text())
+    weights: int | None = None
+    try:
+        metadata = get_safetensors_metadata(repo, revision=revision)
+        weights = sum(
+            count * SAFETENSORS_DTYPE_BYTES.get(dtype, 2) for dtype, count in metadata.parameter_count.items()
+        )
+    except Exception as error:  # no safetensors (a .bin checkpoint): the size stays a guess
+        log.info("no safetensors sizes for %s: %s", repo, error)
+    return ModelFacts(config if isinstance(config, dict) else None, weights or None, "the Hub")
+
+
 def _text_model(config: dict[str, Any]) -> dict[str, Any]:
     """The text model's part of a config: nested under the thinker in Qwen2.5-Omni (the part vLLM
-    serves), under text_config or llm_config in most VLMs, else the config itself."""
+    serves), under text_config, llm_config or language_config (DeepSeek-VL2) in most VLMs, else
+    the config itself."""
     config = config.get("thinker_config") or config
-    return config.get("text_config") or config.get("llm_config") or config
+    return config.get("text_config") or config.get("llm_config") or config.get("language_config") or config
+
+
+def _first(config: dict[str, Any], *names: str) -> Any:
+    """The first of `names` the config sets (families name the same thing differently)."""
+    return next((config[name] for name in names if config.get(name) is not None), None)
 
 
 def parameters_from_config(config: dict[str, Any]) -> float | None:
@@ -141,8 +259,8 @@ def parameters_from_config(config: dict[str, Any]) -> float | None:
     text = _text_model(config)
     try:
         hidden = int(text["hidden_size"])
-        layers = int(text["num_hidden_layers"])
-        heads = int(text["num_attention_heads"])
+        layers = int(_first(text, "num_hidden_layers", "num_layers", "n_layers"))
+        heads = int(_first(text, "num_attention_heads", "n_heads", "num_heads"))
         kv_heads = int(text.get("num_key_value_heads") or heads)
         head_dim = int(text.get("head_dim") or hidden // heads)
         intermediate = int(text.get("intermediate_size") or 4 * hidden)
@@ -160,44 +278,148 @@ def parameters_from_config(config: dict[str, Any]) -> float | None:
     return total / 1e9
 
 
-def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int = 2) -> int | None:
-    """Key and value bytes per token for every layer of the text model a `config.json` describes."""
-    text = _text_model(config)
+def _layer_bytes_per_token(text: dict[str, Any], dtype_bytes: int) -> tuple[int, int] | None:
+    """(layers, KV bytes per token of one layer) of a text model's config."""
     try:
-        layers = int(text["num_hidden_layers"])
-        heads = int(text["num_attention_heads"])
-        kv_heads = int(text.get("num_key_value_heads") or heads)
-        head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
+        layers = int(_first(text, "num_hidden_layers", "num_layers", "n_layers"))
+        if text.get("kv_lora_rank") and text.get("use_mla", True):
+            # Multi-head latent attention (DeepSeek-V2 style): one compressed vector and the
+            # rotary part of the key per token and layer, not keys and values per head.
+            return layers, (int(text["kv_lora_rank"]) + int(text.get("qk_rope_head_dim") or 0)) * dtype_bytes
+        heads = int(_first(text, "num_attention_heads", "n_heads", "num_heads"))
+        # ChatGLM names its KV heads `multi_query_group_num` and their size `kv_channels`.
+        kv_heads = int(_first(text, "num_key_value_heads", "multi_query_group_num", "num_kv_heads") or heads)
+        head_dim = int(_first(text, "head_dim", "kv_channels") or int(text["hidden_size"]) // heads)
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
-    return 2 * layers * kv_heads * head_dim * dtype_bytes
+    return layers, 2 * kv_heads * head_dim * dtype_bytes
+
+
+def sliding_windows(text: dict[str, Any], layers: int) -> list[int | None]:
+    """Each layer's attention window (None: it attends to every token), as the config says:
+    `layer_types` where given (Llama 4's chunked layers hold a chunk), else a window for every
+    layer (Mistral style) or for all but every `sliding_window_pattern`-th (older Gemma 3
+    configs); `use_sliding_window: false` (Qwen2) none."""
+    window = text.get("sliding_window")
+    chunk = text.get("attention_chunk_size")
+    types = text.get("layer_types")
+    if isinstance(types, list) and len(types) == layers:
+        windows = {"sliding_attention": window, "chunked_attention": chunk}
+        return [w if isinstance(w := windows.get(kind), int) and w > 0 else None for kind in types]
+    if not isinstance(window, int) or window <= 0 or text.get("use_sliding_window") is False:
+        return [None] * layers
+    pattern = _first(text, "sliding_window_pattern", "_sliding_window_pattern")
+    if isinstance(pattern, int) and pattern > 0:
+        return [None if (i + 1) % pattern == 0 else window for i in range(layers)]
+    return [window] * layers
+
+
+def cached_layer_windows(config: dict[str, Any]) -> tuple[list[int | None], int] | None:
+    """The windows of the layers that keep a KV cache (Gemma 3n's last `num_kv_shared_layers`
+    reuse earlier layers' cache), and each one's bytes per token at two bytes an element."""
+    text = _text_model(config)
+    found = _layer_bytes_per_token(text, 2)
+    if found is None:
+        return None
+    layers, per_layer = found
+    shared = int(text.get("num_kv_shared_layers") or 0)
+    return sliding_windows(text, layers)[: max(1, layers - shared)], per_layer
+
+
+def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int = 2) -> int | None:
+    """Key and value bytes per token for every layer of the text model a `config.json` describes
+    that keeps a cache (each counted in full, as for a sequence shorter than any window)."""
+    found = cached_layer_windows(config)
+    return len(found[0]) * found[1] * dtype_bytes // 2 if found else None
+
+
+def kv_bytes_per_sequence(
+    config: dict[str, Any],
+    tokens: int,
+    dtype_bytes: int = 2,
+    batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+) -> int | None:
+    """KV bytes vLLM needs for one sequence of `tokens` tokens: a full-attention layer holds every
+    token, a sliding-window (or chunked) layer its window plus one step's tokens (`batched_tokens`)."""
+    found = cached_layer_windows(config)
+    if found is None:
+        return None
+    windows, per_layer = found
+    per_layer = per_layer * dtype_bytes // 2
+    return sum(per_layer * (tokens if w is None else min(tokens, w + batched_tokens)) for w in windows)
+
+
+def kv_dtype_bytes(card: ModelCard) -> int:
+    """Bytes per element of the KV cache: FP8 where the card asks for it, four for a float32
+    model, else two (vLLM serves float32 checkpoints in 16 bits unless told otherwise)."""
+    args = card.engine_args
+    if str(args.get("kv_cache_dtype", "auto")).startswith("fp8"):
+        return 1
+    return 4 if str(args.get("dtype", "auto")) in ("float32", "float") else 2
 
 
 def estimate_need(
-    card: ModelCard, folder: Path | None, on_gpu: bool, cpu_kv_cache_bytes: int = 0
+    card: ModelCard,
+    folder: Path | None,
+    on_gpu: bool,
+    cpu_kv_cache_bytes: int = 0,
+    facts: ModelFacts | None = None,
 ) -> MemoryNeed:
-    """The footprint of `card`'s engine; `folder` is the model's local copy where there is one."""
+    """The footprint of `card`'s engine. `folder` is the model's local copy where there is one;
+    `facts`, what was read of a Hub model (its cache, or the Hub itself) where there is none."""
     args = card.engine_args
     folder = folder or (Path(args["model"]) if Path(str(args.get("model", ""))).is_absolute() else None)
-    weights = weights_on_disk(folder) if folder is not None else None
-    config = _read_config(folder)
+    if folder is not None:
+        facts = facts_in_folder(folder) or facts
+    config = facts.config if facts is not None else None
+    weights = facts.weights_bytes if facts is not None else None
+    weights_from = f"safetensors in {facts.source}" if facts is not None and weights else ""
     if weights is None:
         # A local folder without weights (vLLM's dummy weights) is the model its config says;
         # elsewhere the card's figure or the repository's name tells.
         params = parameters_from_config(config) if config is not None else None
-        params = params or card.parameters_b or parameters_from_name(card.hf_repo)
+        weights_from = "config.json's parameters" if params else ""
+        if not params and card.parameters_b:
+            params, weights_from = card.parameters_b, "the card's parameters_b"
+        if not params:
+            params = parameters_from_name(card.hf_repo)
+            weights_from = "the repository's name" if params else ""
         if params:
             weights = int(params * 1e9 * bytes_per_parameter(card))
         else:
             # The CPU backend only serves small models (the demo's, the twins').
             weights = UNKNOWN_WEIGHTS_BYTES if on_gpu else UNKNOWN_CPU_WEIGHTS_BYTES
+            weights_from = "a default for unknown models"
+    weights_known = weights_from.startswith(("safetensors", "config"))
     if not on_gpu:
         # The CPU backend's KV cache is the fixed size the app gives it.
-        return MemoryNeed(weights, cpu_kv_cache_bytes, CPU_ENGINE_OVERHEAD_BYTES, devices=1)
-    per_token = kv_bytes_per_token(config) if config is not None else None
-    if per_token is None:
-        per_token = max(1, int(weights * KV_BYTES_PER_TOKEN_PER_WEIGHT_BYTE))
-    tokens = int(args.get("max_model_len") or DEFAULT_MAX_MODEL_LEN) * int(
-        args.get("max_num_seqs") or DEFAULT_MAX_NUM_SEQS
+        return MemoryNeed(
+            weights,
+            cpu_kv_cache_bytes,
+            CPU_ENGINE_OVERHEAD_BYTES,
+            1,
+            weights_from,
+            "the CPU KV cache setting",
+            from_files=weights_known,
+        )
+    length = int(args.get("max_model_len") or DEFAULT_MAX_MODEL_LEN)
+    sequences = int(args.get("max_num_seqs") or DEFAULT_MAX_NUM_SEQS)
+    batched = int(args.get("max_num_batched_tokens") or DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    per_sequence = kv_bytes_per_sequence(config, length, kv_dtype_bytes(card), batched) if config else None
+    kv_from, reserve = "config.json", (per_sequence or 0) * sequences
+    if per_sequence is None:
+        # A guess: one full-length sequence at a per-token size that covers any model (vLLM
+        # refuses an engine that cannot hold one); vLLM then sizes the cache itself within the
+        # engine's share, so more sequences fit where the model needs less.
+        per_token = min(MAX_GUESSED_KV_BYTES_PER_TOKEN, int(weights * KV_BYTES_PER_TOKEN_PER_WEIGHT_BYTE))
+        reserve = max(1, per_token) * length
+        kv_from = "a guess for one sequence (no config at hand)"
+    return MemoryNeed(
+        weights,
+        reserve,
+        GPU_ENGINE_OVERHEAD_BYTES,
+        card.gpus_needed,
+        weights_from,
+        kv_from,
+        from_files=weights_known and kv_from == "config.json",
     )
-    return MemoryNeed(weights, per_token * tokens, GPU_ENGINE_OVERHEAD_BYTES, devices=card.gpus_needed)

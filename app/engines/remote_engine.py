@@ -36,6 +36,8 @@ CONNECT_TIMEOUT_S = 10.0
 
 class RemoteEngine:
     resident = False
+    # A server elsewhere: nothing measured here.
+    footprint_bytes = None
     can_sleep = False
 
     def __init__(self, client: Any, url: str, served_model: str) -> None:

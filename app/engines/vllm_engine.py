@@ -30,7 +30,7 @@ from app.engines.base import (
     explain_refusal,
     first_line,
 )
-from app.engines.memory import MemoryNeed, estimate_need
+from app.engines.memory import MemoryNeed, ModelFacts, estimate_need, facts_from_hub, facts_in_hub_cache
 from app.engines.remote_engine import RemoteEngine
 from app.engines.scheduler import Capacity
 from app.engines.tokens import (
@@ -72,6 +72,8 @@ class VllmEngineFactory:
         for key, folder in settings.model_folders.items():
             # The size check counts with the tokenizer in the folder before the engine is built.
             register_folder(key, folder)
+        # Hub models' facts read from the Hub at start (`read_facts_from_hub`), by card key.
+        self._hub_facts: dict[str, ModelFacts] = {}
 
     def device_totals(self) -> list[int]:
         """Each visible GPU's memory (NVML), or the machine's RAM where there is no GPU."""
@@ -103,15 +105,48 @@ class VllmEngineFactory:
         return Capacity(per_device, host_budget=host)
 
     def memory_need(self, card: ModelCard) -> MemoryNeed | None:
-        if self._settings.remote_engines.get(card.key) or card.remote_url:
+        if self._is_remote(card):
             return None
         folder = self._settings.model_folders.get(card.key)
+        facts = None
+        if folder is None and not Path(card.hf_repo).is_absolute():
+            facts = facts_in_hub_cache(card.hf_repo, card.revision, self._settings.hf_cache)
+            facts = facts or self._hub_facts.get(card.key)
         return estimate_need(
             card,
             folder,
             on_gpu=self._settings.gpu_count > 0,
             cpu_kv_cache_bytes=self._settings.cpu_kv_cache_bytes,
+            facts=facts,
         )
+
+    def _is_remote(self, card: ModelCard) -> bool:
+        return bool(self._settings.remote_engines.get(card.key) or card.remote_url)
+
+    def read_facts_from_hub(self, cards: Sequence[ModelCard]) -> int:
+        """Reads each Hub model's config and weights' size from the Hub (kilobytes each), for
+        the models whose files are not on this machine yet, so that the scheduler sizes them from
+        their own numbers before their first build. Stops at the first model the Hub does not
+        answer for a network reason (an offline box). Returns how many were read."""
+        read = 0
+        for card in cards:
+            if self._is_remote(card) or card.key in self._settings.model_folders:
+                continue
+            if Path(card.hf_repo).is_absolute() or card.key in self._hub_facts:
+                continue
+            if facts_in_hub_cache(card.hf_repo, card.revision, self._settings.hf_cache) is not None:
+                continue
+            try:
+                facts = facts_from_hub(card.hf_repo, card.revision, self._settings.hf_cache)
+            except Exception as error:
+                if _unreachable(error):
+                    log.info("the Hub cannot be reached (%s): models sized by estimate", first_line(error))
+                    break
+                log.info("no facts for %s from the Hub: %s", card.key, first_line(error))
+                continue
+            self._hub_facts[card.key] = facts
+            read += 1
+        return read
 
     def engine_args(self, card: ModelCard, devices: tuple[int, ...] = (0,)) -> dict[str, Any]:
         """The card's engine arguments with this deployment's settings applied: the model's
@@ -132,8 +167,11 @@ class VllmEngineFactory:
             totals = self.device_totals()
             smallest = min(totals[d] for d in devices) if devices else totals[0]
             args["gpu_memory_utilization"] = round(min(0.95, max(0.05, need.per_device / smallest)), 4)
-            # Per GPU: the reserve from max_model_len and max_num_seqs, not what profiling leaves.
-            args["kv_cache_memory_bytes"] = max(1, need.kv_bytes // need.devices)
+            if need.kv_from_config:
+                # Per GPU: the reserve from max_model_len and max_num_seqs (the config's arithmetic,
+                # so it holds them), not what profiling leaves. Without a config the reserve is a
+                # guess: vLLM then sizes the KV cache itself within the share above.
+                args["kv_cache_memory_bytes"] = max(1, need.kv_bytes // need.devices)
             args["enable_sleep_mode"] = True
         args.setdefault("mm_processor_cache_gb", settings.media_cache_bytes / 2**30)
         if settings.hf_cache is not None:
@@ -260,6 +298,22 @@ class VllmEngine:
         manager = getattr(engine.engine_core, "resources", None)
         processes = getattr(getattr(manager, "engine_manager", None), "processes", [])
         self.process_ids = [p.pid for p in processes if p.pid is not None]
+
+    @property
+    def footprint_bytes(self) -> int | None:
+        """The most the build took on any one GPU, measured (NVML) around it; None on the CPU."""
+        return max(self._footprint.values()) if self._footprint else None
+
+    @property
+    def kv_cache_tokens(self) -> int | None:
+        """Tokens the engine's KV cache holds (blocks times block size), as vLLM sized it."""
+        cache = self._engine.vllm_config.cache_config
+        blocks = getattr(cache, "num_gpu_blocks", None)
+        return int(blocks) * int(cache.block_size) if blocks else None
+
+    @property
+    def kv_cache_block_size(self) -> int:
+        return int(self._engine.vllm_config.cache_config.block_size)
 
     @property
     def can_sleep(self) -> bool:
@@ -626,3 +680,19 @@ def wait_for_memory_freed(
             )
             return False
         time.sleep(0.2)
+
+
+def _unreachable(error: BaseException) -> bool:
+    """Whether the Hub did not answer at all (offline mode, no network), not only for one model
+    (a gated or missing repository answers with an HTTP status)."""
+    import httpx
+    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    network = (
+        OfflineModeIsEnabled,
+        LocalEntryNotFoundError,
+        ConnectionError,
+        TimeoutError,
+        httpx.TransportError,
+    )
+    return isinstance(error, network)
