@@ -284,6 +284,17 @@ class Settings(BaseSettings):
     enforce_eager: Annotated[
         bool | None, Doc("vLLM's eager mode", FLAG, default="on without a GPU, off with one", flag="--eager")
     ] = None
+    # The references' single-image examples give 2,048-8,192 tokens of context; a chat with
+    # several pictures needs more. On a GPU a model whose config allows it gets this many.
+    chat_context: Annotated[
+        Count,
+        Doc(
+            "tokens of context a chat gets on a GPU where the model's config allows them "
+            "(never fewer than its card's; see docs/MEMORY.md)",
+            COUNT,
+            metavar="TOKENS",
+        ),
+    ] = 16384
     # KV cache per engine where no GPU sizes it (CPU); vLLM would otherwise take half the RAM.
     cpu_kv_cache_bytes: Annotated[
         Bytes,

@@ -41,7 +41,7 @@ def table(hub: bool = False) -> str:
 
 
 def _row(key: str, args: dict, need: MemoryNeed) -> str:
-    length = int(args.get("max_model_len") or DEFAULT_MAX_MODEL_LEN)
+    length = need.context_tokens or int(args.get("max_model_len") or DEFAULT_MAX_MODEL_LEN)
     sequences = int(args.get("max_num_seqs") or DEFAULT_MAX_NUM_SEQS) if need.kv_from_config else 1
     gpus = f" (x{need.devices} GPUs)" if need.devices > 1 else ""
     return (

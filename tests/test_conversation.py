@@ -74,6 +74,22 @@ def test_a_prompt_that_cannot_fit_is_refused_with_the_numbers():
         check_fits(TINY, [{"role": "user", "content": "hello " * 4000}])
 
 
+def test_the_size_check_uses_the_context_the_engine_was_built_with():
+    """On a GPU a chat gets more context than the card's example (the engine registers what
+    it was built with); the check follows the engine, not the card."""
+    from app.engines.tokens import register_context
+
+    long = [{"role": "user", "content": "hello " * 1500}]
+    card = TINY.model_copy(update={"key": "chat-context-test"})
+    try:
+        register_context(card.key, 16384)
+        assert 4096 < check_fits(card, long) < 16384
+    finally:
+        register_context(card.key, None)
+    with pytest.raises(ConversationError, match="takes at most 4,096"):
+        check_fits(card, long)
+
+
 def test_without_a_tokenizer_the_estimate_is_never_below_the_tokenizers_count(tmp_path: Path):
     from app.demo.twins import build_twin
     from app.engines.tokens import counter_for

@@ -15,10 +15,12 @@ from app.engines.memory import (
     GIB,
     GPU_ENGINE_OVERHEAD_BYTES,
     ModelFacts,
+    chat_length,
     estimate_need,
     kv_bytes_per_sequence,
     kv_bytes_per_token,
     kv_dtype_bytes,
+    native_context,
     parameters_from_config,
     parameters_from_name,
     sliding_windows,
@@ -99,6 +101,15 @@ def test_an_omni_config_is_sized_from_its_thinker():
     omni = {"thinker_config": {"text_config": {**text, "vocab_size": 512}}}
     assert parameters_from_config(omni) == parameters_from_config({**text, "vocab_size": 512})
     assert kv_bytes_per_token(omni) == 2 * 2 * 2 * 32 * 2
+
+
+def text_config(hidden: int, layers: int, heads: int, kv_heads: int) -> dict[str, int]:
+    return {
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+    }
 
 
 # The text models of the two small-GPU models the README suggests whose reserve was short, as
@@ -271,3 +282,43 @@ def test_the_memory_table_in_the_docs_is_what_the_script_prints(tmp_path: Path):
     table = docs.split("<!-- memory-table:begin -->\n")[1].split("<!-- memory-table:end -->")[0]
     assert printed == table, "docs/MEMORY.md is out of date: regenerate it with the command it gives"
     assert len(printed.splitlines()) > 40
+
+
+def test_a_chat_gets_a_chat_sized_context_where_the_config_allows_it(tmp_path: Path, monkeypatch):
+    """The references' examples give Qwen2.5-VL 4,096 tokens (a few pictures); its config says
+    128,000. On a GPU a chat gets APP_CHAT_CONTEXT (16,384), with the reserve counted for it."""
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    card = CARDS["qwen2_5_vl"]
+    config = {"text_config": {**text_config(2048, 36, 16, 2), "max_position_embeddings": 128000}}
+    index = {"metadata": {"total_size": 7_509_245_952}, "weight_map": {}}
+    files = {"config.json": json.dumps(config), "model.safetensors.index.json": json.dumps(index)}
+    _hub_cache(tmp_path, card.hf_repo, files)
+    factory = VllmEngineFactory(Settings(gpu_count=1, hf_cache=tmp_path), device_totals=[24 * GB])
+    need = factory.memory_need(card)
+    sequences = card.engine_args.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS)
+    assert card.max_model_len == 4096 and need.context_tokens == 16384
+    assert need.kv_bytes == 2 * 36 * 2 * 128 * 2 * 16384 * sequences
+    args = factory.engine_args(card)
+    assert args["max_model_len"] == 16384 and args["kv_cache_memory_bytes"] == need.kv_bytes
+    smaller = VllmEngineFactory(Settings(gpu_count=1, hf_cache=tmp_path, chat_context=8192), [24 * GB])
+    assert smaller.engine_args(card)["max_model_len"] == 8192
+    # On the CPU backend the card's own length stays (the twins' and demo models' tests rely on it).
+    cpu = VllmEngineFactory(Settings(gpu_count=0, hf_cache=tmp_path))
+    assert cpu.engine_args(card)["max_model_len"] == 4096
+
+
+def test_the_chat_context_never_lets_the_kv_reserve_outweigh_the_weights():
+    phi = CARDS["phi3_v"]  # 4,096 in its card, 131,072 in its config, no grouped-query attention
+    config = {**PHI_3_5_VISION, "max_position_embeddings": 131072}
+    weights = int(8.3 * GB)
+    # 16,384 tokens x 2 sequences x 393 KB = 12 GiB > 8.3 GB of weights; 8,192 tokens: 6 GiB.
+    assert chat_length(phi, config, weights, 16384) == 8192
+    assert chat_length(phi, config, weights, 2048) == 4096  # never below the card's own
+    assert chat_length(phi, None, weights, 16384) == 4096  # no config: the card's
+    assert chat_length(phi, {**config, "max_position_embeddings": 4096}, weights, 16384) == 4096
+    # A card that leaves the length to vLLM gets a chat-sized one, not the model's whole context.
+    paligemma = CARDS["paligemma"]
+    assert paligemma.max_model_len is None
+    gemma = {"text_config": {**text_config(2048, 18, 8, 1), "max_position_embeddings": 8192}}
+    assert chat_length(paligemma, gemma, 6 * GB, 16384) == 8192
+    assert native_context({"text_config": {"seq_length": 8192, "max_position_embeddings": 32768}}) == 8192

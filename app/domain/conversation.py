@@ -26,7 +26,7 @@ from app.catalog.adapters import PromptError, get_adapter, to_turns
 from app.catalog.cards import ModelCard
 from app.domain.replies import Reply
 from app.engines.base import EngineError, first_line
-from app.engines.tokens import counter_for, media_tokens
+from app.engines.tokens import context_length, counter_for, media_tokens
 from app.media.loading import MediaError, VideoClip, VideoDecoderPool, load_image
 
 if TYPE_CHECKING:  # the history's record type only: this module stays free of the database
@@ -367,7 +367,8 @@ async def fitted_prompt(
     while True:
         messages = await engine_messages(turns, system, decoder, card.video_frames, clips, left_out)
         size = estimate_prompt_tokens(card, messages)
-        if card.max_model_len is None or size < card.max_model_len:
+        limit = context_length(card)
+        if limit is None or size < limit:
             return Prompt(messages, size, left_out)
         earlier = [path for turn in turns[:-1] for path in turn.files if path not in left_out]
         if not earlier:
@@ -395,7 +396,7 @@ def left_out_notice(card: ModelCard, turns: Sequence[Turn], left_out: Sequence[P
     limits = " and ".join(_count(limit, kind) for kind, limit in card.media_limits.items())
     return (
         f"{card.display_name} no longer sees {listed}: it takes {limits} per prompt, within "
-        f"{card.max_model_len or 'its'} tokens, so the oldest files are left out (their turns' text stays)."
+        f"{context_length(card) or 'its'} tokens, so the oldest files are left out (their turns' text stays)."
     )
 
 
@@ -516,7 +517,7 @@ def check_fits(card: ModelCard, messages: Sequence[dict[str, Any]]) -> int:
     """The prompt's size (see `estimate_prompt_tokens`); refuses a prompt that will not fit the
     model's context, with a line that says what to change."""
     estimate = estimate_prompt_tokens(card, messages)
-    limit = card.max_model_len
+    limit = context_length(card)
     if limit is not None and estimate >= limit:
         exact = counter_for(card) is not None
         raise ConversationError(

@@ -107,6 +107,9 @@ class MemoryNeed:
     from_files: bool = True
     # What the engine took on each device, measured once it was built: booked instead.
     measured_per_device: int | None = None
+    # The `max_model_len` the KV reserve is for, where it differs from the card's (a chat-sized
+    # context on a GPU); the engine is built with it.
+    context_tokens: int | None = None
 
     @property
     def per_device(self) -> int:
@@ -349,6 +352,49 @@ def kv_bytes_per_sequence(
     return sum(per_layer * (tokens if w is None else min(tokens, w + batched_tokens)) for w in windows)
 
 
+# Where a config states the model's context (vLLM reads the same keys and takes the smallest).
+CONTEXT_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+
+
+def native_context(config: dict[str, Any]) -> int | None:
+    """The context the model was made for, as its config states it (the text model's part)."""
+    text = _text_model(config)
+    found = [int(v) for k in CONTEXT_KEYS if isinstance(v := text.get(k, config.get(k)), int) and v > 0]
+    return min(found) if found else None
+
+
+def chat_length(
+    card: ModelCard, config: dict[str, Any] | None, weights_bytes: int, wanted: int
+) -> int | None:
+    """The `max_model_len` a chat gets on a GPU: `wanted` tokens (APP_CHAT_CONTEXT) where the
+    model's config allows them, halved while the KV reserve for them would outweigh the weights
+    (a model without grouped-query attention: Phi-3.5-vision's 16,384 tokens would take 12 GiB),
+    never fewer than the card's own (the references' single-image examples), nor, for a card
+    that leaves the length to vLLM, than 4,096 (vLLM would take the model's whole context). The
+    card's where there is no config."""
+    own = card.max_model_len
+    native = native_context(config) if config is not None else None
+    if config is None or native is None:
+        return own
+    floor = own or min(native, DEFAULT_MAX_MODEL_LEN)
+    sequences = int(card.engine_args.get("max_num_seqs") or DEFAULT_MAX_NUM_SEQS)
+    length = min(native, wanted)
+    while length > floor:
+        per_sequence = kv_bytes_per_sequence(config, length, kv_dtype_bytes(card))
+        if per_sequence is not None and per_sequence * sequences <= weights_bytes:
+            return length
+        length //= 2
+    return floor
+
+
 def kv_dtype_bytes(card: ModelCard) -> int:
     """Bytes per element of the KV cache: FP8 where the card asks for it, four for a float32
     model, else two (vLLM serves float32 checkpoints in 16 bits unless told otherwise)."""
@@ -364,9 +410,11 @@ def estimate_need(
     on_gpu: bool,
     cpu_kv_cache_bytes: int = 0,
     facts: ModelFacts | None = None,
+    chat_context: int | None = None,
 ) -> MemoryNeed:
     """The footprint of `card`'s engine. `folder` is the model's local copy where there is one;
-    `facts`, what was read of a Hub model (its cache, or the Hub itself) where there is none."""
+    `facts`, what was read of a Hub model (its cache, or the Hub itself) where there is none;
+    `chat_context`, the context a chat gets on a GPU where the config allows (`chat_length`)."""
     args = card.engine_args
     folder = folder or (Path(args["model"]) if Path(str(args.get("model", ""))).is_absolute() else None)
     if folder is not None:
@@ -402,7 +450,8 @@ def estimate_need(
             "the CPU KV cache setting",
             from_files=weights_known,
         )
-    length = int(args.get("max_model_len") or DEFAULT_MAX_MODEL_LEN)
+    context = chat_length(card, config, weights, chat_context) if chat_context else card.max_model_len
+    length = context or DEFAULT_MAX_MODEL_LEN
     sequences = int(args.get("max_num_seqs") or DEFAULT_MAX_NUM_SEQS)
     batched = int(args.get("max_num_batched_tokens") or DEFAULT_MAX_NUM_BATCHED_TOKENS)
     per_sequence = kv_bytes_per_sequence(config, length, kv_dtype_bytes(card), batched) if config else None
@@ -422,4 +471,5 @@ def estimate_need(
         weights_from,
         kv_from,
         from_files=weights_known and kv_from == "config.json",
+        context_tokens=context,
     )

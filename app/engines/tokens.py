@@ -212,6 +212,7 @@ def media_tokens(card: ModelCard, images: Sequence[Any], videos: Sequence[Any]) 
 
 _counters: dict[str, PromptCounter | None] = {}
 _folders: dict[str, Path] = {}
+_contexts: dict[str, int] = {}
 _registry_lock = threading.Lock()
 
 
@@ -219,6 +220,23 @@ def register_counter(key: str, counter: PromptCounter | None) -> None:
     """The engine of `key` is built: its tokenizer counts from now on."""
     with _registry_lock:
         _counters[key] = counter
+
+
+def register_context(key: str, tokens: int | None) -> None:
+    """The engine of `key` is built with `tokens` of context (its `max_model_len`); None forgets."""
+    with _registry_lock:
+        if tokens is None:
+            _contexts.pop(key, None)
+        else:
+            _contexts[key] = tokens
+
+
+def context_length(card: ModelCard) -> int | None:
+    """The tokens a prompt plus its answer may take: what the model's engine was built with (a
+    GPU gives chats more than the card's example, see `app.engines.memory.chat_length`), else
+    the card's `max_model_len` (None: the model's own default)."""
+    with _registry_lock:
+        return _contexts.get(card.key, card.max_model_len)
 
 
 def register_folder(key: str, folder: Path) -> None:

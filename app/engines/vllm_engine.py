@@ -37,6 +37,7 @@ from app.engines.tokens import (
     LiteralPrompt,
     ProcessorTemplate,
     PromptCounter,
+    register_context,
     register_counter,
     register_folder,
     render_literal,
@@ -118,6 +119,7 @@ class VllmEngineFactory:
             on_gpu=self._settings.gpu_count > 0,
             cpu_kv_cache_bytes=self._settings.cpu_kv_cache_bytes,
             facts=facts,
+            chat_context=self._settings.chat_context,
         )
 
     def _is_remote(self, card: ModelCard) -> bool:
@@ -167,6 +169,9 @@ class VllmEngineFactory:
             totals = self.device_totals()
             smallest = min(totals[d] for d in devices) if devices else totals[0]
             args["gpu_memory_utilization"] = round(min(0.95, max(0.05, need.per_device / smallest)), 4)
+            if need.context_tokens is not None:
+                # A chat-sized context where the config allows it (the reserve is sized for it).
+                args["max_model_len"] = need.context_tokens
             if need.kv_from_config:
                 # Per GPU: the reserve from max_model_len and max_num_seqs (the config's arithmetic,
                 # so it holds them), not what profiling leaves. Without a config the reserve is a
@@ -210,8 +215,9 @@ class VllmEngineFactory:
             physical = self._physical(devices)
             footprint = {d: max(0, used_after[d] - used_before[d]) for d in physical if d < len(used_after)}
         counter = PromptCounter(card, tokenizer, owner)
-        # From now on the size check counts with the engine's own tokenizer.
+        # From now on the size check counts with the engine's own tokenizer, within its context.
         register_counter(card.key, counter)
+        register_context(card.key, engine.vllm_config.model_config.max_model_len)
         return VllmEngine(engine, owner, lora, footprint, counter)
 
     def _physical(self, devices: tuple[int, ...]) -> list[int]:

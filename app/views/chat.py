@@ -31,6 +31,7 @@ from app.domain.conversation import (
 from app.domain.replies import Reply
 from app.domain.sessions import Visit
 from app.engines.base import SamplingSettings, card_sampling
+from app.engines.tokens import context_length
 from app.storage.history import shortened
 from app.views.services import Playground, page_max_tokens, refusal
 from app.views.widgets import (
@@ -306,7 +307,7 @@ class ChatView:
             f"**Model:** `{card.source}`",
             f"**Takes:** text, {' and '.join(card.modalities)} (at most {limits} per prompt: past "
             "that, a chat's oldest files are left out)",
-            f"**Context:** {card.max_model_len or 'model default'} tokens{frames}",
+            f"**Context:** {context_length(card) or 'model default'} tokens{frames}",
         ]
         if not card.takes_system_prompt:
             lines.append("**No system prompt:** this model's prompt format has none.")
@@ -425,7 +426,8 @@ class ChatView:
 
 
 def size_line(card: ModelCard, size: int, counted: int | None) -> str:
-    limit = f" of {card.max_model_len:,}" if card.max_model_len else ""
+    context = context_length(card)
+    limit = f" of {context:,}" if context else ""
     text = f"Prompt: about {size:,}{limit} tokens (estimated before sending)"
     return text + (f"; the engine counted {counted:,}." if counted is not None else ".")
 
