@@ -2,8 +2,13 @@
 
 On a machine with an NVIDIA GPU and vLLM's CUDA build, this writes two model folders (configs,
 tokenizer and processor, no weights) with the sizes of Qwen2-VL-2B-Instruct and
-Qwen2-VL-7B-Instruct, builds vLLM engines on them with random weights (`load_format="dummy"`)
-and measures:
+Qwen2-VL-7B-Instruct, builds vLLM engines on them with random weights (`load_format="dummy"`;
+the real weights where a model is wholly in the Hugging Face cache, so rebuilds read them from
+disk) and the KV cache given in bytes as the app gives it (`kv_cache_memory_bytes`), and
+measures. The pair is chosen from the GPU's memory: both models where they fit in 0.9 of it at
+once (about 32 GB and up), else two engines of the 2B-class model (24 GB); the two-engine phases
+are sized from what each build was measured to take, so a 16 GB card runs them where the
+measured footprints fit. It measures:
 
 - build, sleep (level 1), wake, shutdown and rebuild times of each model, with the GPU memory
   after each step (NVML) and one answer before sleeping and one after waking;
@@ -12,7 +17,11 @@ and measures:
 - GPU memory before and after repeated swaps between the two models: sleep/wake alternations
   with both engines built, and build/shutdown alternations with one engine at a time;
 - one swap through the app's own manager (`EngineManager` with `VllmEngineFactory`, one GPU,
-  one engine awake at a time).
+  one engine awake at a time), with the app's memory estimate of each card (and of the catalog's
+  Qwen2-VL 7B card) against what its build took;
+- each build's footprint against the expected weights + KV cache + overhead.
+
+The summary starts with a table ready for docs/BENCHMARKS.md.
 
 Each step that fails is recorded with its error and the check goes on. The summary (date, GPU,
 vLLM version, command, every measurement and the checks' verdicts) is printed as markdown and
@@ -40,12 +49,12 @@ import time
 from pathlib import Path
 
 from . import engines
-from .common import SPECS, describe_model, fitted_utilization, log
+from .common import choose_pair, describe_model, fitted_utilization, log
 from .dry_run import dry_run
 from .engine_check import PHASES, run_check
-from .folders import write_model_folders
+from .folders import cached_weights, write_model_folders
 from .machine import Gpu, describe_machine, why_not_runnable
-from .phase import Plan
+from .phase import Model, Plan
 from .report import write_report
 
 
@@ -92,20 +101,16 @@ def main() -> None:
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if args.verbose else "WARNING")
 
-    folders = write_model_folders(models_dir)
     total = Gpu.get().total()
-    utils = {
-        "small": args.util_small or fitted_utilization(SPECS["small"], total),
-        "large": args.util_large or fitted_utilization(SPECS["large"], total),
-    }
-    plan = Plan(
-        folders=folders,
-        utils=utils,
-        swaps=args.swaps,
-        tokens=args.tokens,
-        timeout_s=args.step_timeout,
-        fits_together=sum(utils.values()) <= 0.9,
-    )
+    specs = choose_pair(total)
+    folders = write_model_folders(models_dir, specs)
+    models = {}
+    for role, spec in specs.items():
+        cached = cached_weights(spec)
+        util = {"small": args.util_small, "large": args.util_large}[role] or fitted_utilization(spec, total)
+        models[role] = Model(spec, cached or folders[role], util, "auto" if cached else "dummy")
+    plan = Plan(models, swaps=args.swaps, tokens=args.tokens, timeout_s=args.step_timeout, total=total)
+    utils = {role: model.util for role, model in models.items()}
     meta = describe_machine(gpu=True)
     log(f"{meta['gpu']}, {meta['vllm']}; shares of the GPU {utils}; phases {phases}")
     started = time.perf_counter()
@@ -114,7 +119,10 @@ def main() -> None:
     report = {
         "mode": "engine check",
         "meta": meta,
-        "models": {role: describe_model(SPECS[role], folders[role], utils[role]) for role in folders},
+        "models": {
+            role: {**describe_model(m.spec, m.folder, m.util), "weights": m.load_format}
+            for role, m in models.items()
+        },
         **result,
     }
     write_report(report, args.out)

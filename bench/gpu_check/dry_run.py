@@ -101,8 +101,7 @@ def check_folder(folder: Path, spec: ModelSpec) -> list[dict[str, Any]]:
             }
         ]
         # The prompt as the app writes it: the card's format (Qwen2-VL's).
-        role = next(role for role, known in SPECS.items() if known is spec)
-        prompt = render(model_card(role, folder), messages, processor.tokenizer).prompt
+        prompt = render(model_card(spec, folder), messages, processor.tokenizer).prompt
         inputs = processor(text=[prompt], images=[image], return_tensors="np")
         ids = inputs["input_ids"][0]
         image_tokens = int((ids == config.image_token_id).sum())
@@ -137,7 +136,8 @@ def check_folder(folder: Path, spec: ModelSpec) -> list[dict[str, Any]]:
         except ImportError:
             return True, "vLLM not installed here: not checked"
         # Sleep mode exists on CUDA only; the rest is what the engine check builds with.
-        model = EngineArgs(**{**engine_args(folder, 0.5), "enable_sleep_mode": False}).create_model_config()
+        args = engine_args(folder, 0.5, spec.kv_reserve_bytes)
+        model = EngineArgs(**{**args, "enable_sleep_mode": False}).create_model_config()
         return (
             model.max_model_len == MAX_MODEL_LEN and model.get_vocab_size() == spec.vocab_size,
             f"vLLM model config: {model.architecture}, max_model_len {model.max_model_len}, "

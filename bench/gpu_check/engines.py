@@ -13,7 +13,7 @@ import itertools
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.engines.vllm_engine import wait_for_exit
 
@@ -21,16 +21,23 @@ from . import common
 from .common import IMAGE_SIDE, MAX_MODEL_LEN, MAX_NUM_SEQS, PROMPT, gib
 from .machine import gpu_used, wait_for_memory
 
+if TYPE_CHECKING:
+    from .phase import Model
+
 # Numbers the requests (their ids, and the seed of each one's picture) across all phases.
 request_ids = itertools.count()
 # Set when a build timed out while its thread goes on: the command then exits without waiting.
 leaked = threading.Event()
 
 
-def engine_args(folder: Path, util: float) -> dict[str, Any]:
+def engine_args(
+    folder: Path, util: float, kv_bytes: int | None = None, load_format: str = "dummy"
+) -> dict[str, Any]:
+    """The check's engine arguments; `kv_bytes`: the KV cache in bytes, as the app gives it
+    (vLLM then uses `util` only to check that this much of the GPU is free at the build)."""
     args = {
         "model": str(folder),
-        "load_format": "dummy",
+        "load_format": load_format,
         "dtype": "bfloat16",
         "enforce_eager": False,
         "enable_sleep_mode": True,
@@ -39,12 +46,17 @@ def engine_args(folder: Path, util: float) -> dict[str, Any]:
         "max_num_seqs": MAX_NUM_SEQS,
         "limit_mm_per_prompt": {"image": 1},
     }
+    if kv_bytes is not None:
+        args["kv_cache_memory_bytes"] = kv_bytes
     args.update(common.ENGINE_OVERRIDES)
     return args
 
 
-async def build(folder: Path, util: float) -> Any:
-    args = engine_args(folder, util)
+async def build(model: Model, util: float | None = None) -> Any:
+    """The role's engine, with its KV cache in bytes and `util` (default: the model's share)."""
+    args = engine_args(
+        model.folder, util if util is not None else model.util, model.spec.kv_reserve_bytes, model.load_format
+    )
 
     def start() -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs

@@ -109,28 +109,50 @@ def write_model_folder(folder: Path, spec: ModelSpec) -> Path:
     return folder
 
 
-def write_model_folders(root: Path) -> dict[str, Path]:
-    return {role: write_model_folder(root / spec.key, spec) for role, spec in SPECS.items()}
+def write_model_folders(root: Path, specs: dict[str, ModelSpec] = SPECS) -> dict[str, Path]:
+    return {role: write_model_folder(root / spec.key, spec) for role, spec in specs.items()}
 
 
-def model_card(role: str, folder: Path) -> Any:
+def cached_weights(spec: ModelSpec, cache_dir: Path | None = None) -> Path | None:
+    """The published model's folder where all its weights are in the Hugging Face cache (the
+    snapshot of its default revision): engines built on it read real weights from disk, so
+    rebuild times are what a user's are. None where any weight file is missing."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = Path(snapshot_download(spec.repo, local_files_only=True, cache_dir=cache_dir))
+    except Exception:  # not in the cache (LocalEntryNotFoundError), or an unreadable one
+        return None
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            files = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError):
+            return None
+    else:
+        files = {"model.safetensors"}
+    complete = (folder / "config.json").is_file() and all((folder / name).is_file() for name in files)
+    return folder if complete else None
+
+
+def model_card(spec: ModelSpec, folder: Path, load_format: str = "dummy") -> Any:
     """The app's card for a folder: the Qwen2-VL card's twin (its prompt format) with this
     model's engine arguments, one image a prompt, and its parameter count for memory sizing."""
     from app.catalog.cards import ModelCard, VisualTokens, load_cards
     from app.demo.models import twin_card
 
-    spec = SPECS[role]
+    weights = "dummy weights" if load_format == "dummy" else "real weights"
     fields = twin_card(load_cards()["qwen2_vl"], folder, spec.key).model_dump()
     fields.update(
-        display_name=f"{spec.title} (dummy weights)",
+        display_name=f"{spec.title} ({weights})",
         modalities=["image"],
         multi_image=False,
         parameters_b=spec.parameters / 1e9,
-        reference="bench/gpu_check (dummy weights)",
+        reference=f"bench/gpu_check ({weights})",
         engine_overrides=None,
         reference_engine_args={
             "model": str(folder),
-            "load_format": "dummy",
+            "load_format": load_format,
             "dtype": "bfloat16",
             "max_model_len": MAX_MODEL_LEN,
             "max_num_seqs": MAX_NUM_SEQS,
@@ -145,6 +167,6 @@ def model_card(role: str, folder: Path) -> Any:
         ).model_dump(),
         hardware="One GPU.",
         runs_on_cpu=False,
-        notes="Random weights from vLLM's dummy loader.",
+        notes="Random weights from vLLM's dummy loader." if load_format == "dummy" else "Real weights.",
     )
     return ModelCard.model_validate(fields)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import SPECS, gib
+from .common import ENGINE_MARGIN_BYTES, gib
 from .engines import answer, build, sleep, stop, wake
 from .machine import gpu_used, memory_snapshot
 from .phase import Engines, Phase, Plan
@@ -17,20 +17,34 @@ from .phase import Engines, Phase, Plan
 
 async def lifecycle(plan: Plan, role: str) -> dict[str, Any]:
     """Build, answer, sleep, wake, answer, shut down, rebuild, answer, shut down."""
-    spec = SPECS[role]
+    model = plan.models[role]
+    spec = model.spec
     phase = Phase(f"lifecycle {spec.title}", plan.timeout_s)
     engines = Engines()
     target = gpu_used()
     phase.notes["gpu_before"] = memory_snapshot()
-    folder, util = plan.folders[role], plan.utils[role]
+    phase.notes["weights"] = "real, from the Hugging Face cache" if model.load_format != "dummy" else "dummy"
     try:
         for attempt in ("build", "rebuild"):
 
             async def start() -> dict[str, Any]:
-                engines.live[role] = await build(folder, util)
-                return {"gpu_used_gib": gib(gpu_used())}
+                engines.live[role] = await build(model)
+                used = gpu_used()
+                taken = None if used is None or target is None else used - target
+                return {"gpu_used_gib": gib(used), "footprint_gib": gib(taken), "_footprint": taken}
 
-            await phase.run(attempt, start)
+            built = await phase.run(attempt, start)
+            if attempt == "build" and built is not None and built.get("_footprint"):
+                # What the engine really takes: the two-engine phases are sized from it.
+                taken = plan.measured[role] = built["_footprint"]
+                phase.notes["footprint_against_expected"] = {
+                    "measured_gib": gib(taken),
+                    "expected_gib": gib(spec.need_bytes),
+                    "weights_gib": gib(spec.weights_bytes),
+                    "kv_cache_gib": gib(spec.kv_reserve_bytes),
+                    "overhead_measured_gib": gib(taken - spec.weights_bytes - spec.kv_reserve_bytes),
+                    "overhead_expected_gib": gib(ENGINE_MARGIN_BYTES),
+                }
             engine = engines.live.get(role)
             missing = None if engine is not None else f"no engine ({attempt} failed)"
             before = await phase.run(

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from . import common
-from .common import SPECS
+from .common import gib
 from .engines import picture, request_ids
 from .folders import model_card
 from .machine import gpu_used, wait_for_memory
@@ -27,7 +27,8 @@ async def manager_swap(plan: Plan) -> dict[str, Any]:
     from app.engines.vllm_engine import VllmEngineFactory
 
     phase = Phase("manager swap", plan.timeout_s)
-    cards = {SPECS[role].key: model_card(role, plan.folders[role]) for role in ("small", "large")}
+    models = plan.models
+    cards = {m.spec.key: model_card(m.spec, m.folder, m.load_format) for m in models.values()}
     settings = Settings(
         gpu_count=common.MANAGER_GPU_COUNT,
         max_resident=1,
@@ -48,7 +49,36 @@ async def manager_swap(plan: Plan) -> dict[str, Any]:
             for key, card in cards.items()
         }
     sampling = SamplingSettings(temperature=0.0, max_tokens=plan.tokens, ignore_eos=True)
-    small, large = SPECS["small"].key, SPECS["large"].key
+    small, large = models["small"].spec.key, models["large"].spec.key
+    # The app's estimate of each card, before its build (the manager books the measure after).
+    estimates = {key: factory.memory_need(card) for key, card in cards.items()}
+    memory: dict[str, Any] = {}
+    phase.notes["estimate_against_measured"] = memory
+
+    def compare(key: str) -> None:
+        """The app's estimate for `key` against what its engine took (NVML, around the build)."""
+        held = manager.engines().get(key)
+        taken = getattr(held[0], "footprint_bytes", None) if held else None
+        if key in memory or taken is None or estimates[key] is None:
+            return
+        need = estimates[key]
+        memory[key] = {
+            "estimated_gib": gib(need.estimated_per_device),
+            "measured_gib": gib(taken),
+            "weights_from": need.weights_from,
+            "kv_from": need.kv_from,
+        }
+        if models["large"].spec.repo == HUB_CARD_REPO and key == large:
+            # The catalog's own card for the 7B-class model, as the app sizes it here (from the
+            # Hugging Face cache where the model is in it, else its name): same sizes, measured.
+            hub = hub_card_need(factory)
+            if hub is not None:
+                memory[f"catalog card {HUB_CARD_KEY}"] = {
+                    "estimated_gib": gib(hub.estimated_per_device),
+                    "measured_gib (its 7B-class twin here)": gib(taken),
+                    "weights_from": hub.weights_from,
+                    "kv_from": hub.kv_from,
+                }
 
     async def ask(key: str) -> dict[str, Any]:
         messages = [
@@ -71,6 +101,7 @@ async def manager_swap(plan: Plan) -> dict[str, Any]:
                     phases.append(seen)
         if end is None or end.completion_tokens != plan.tokens:
             raise RuntimeError(f"answer ended with {end}")
+        compare(key)
         states = {k: manager.status(k).state.value for k in cards}
         return {"tokens": end.completion_tokens, "statuses_seen": phases[-8:], "states_after": states}
 
@@ -98,3 +129,14 @@ async def manager_swap(plan: Plan) -> dict[str, Any]:
             if back.get("memory_back") is not None:
                 phase.check("GPU memory back after manager.close()", back["memory_back"])
     return phase.record()
+
+
+# The catalog card whose model the 7B-class folder has the sizes of.
+HUB_CARD_KEY, HUB_CARD_REPO = "qwen2_vl", "Qwen/Qwen2-VL-7B-Instruct"
+
+
+def hub_card_need(factory: Any) -> Any:
+    from app.catalog.cards import load_cards
+
+    card = load_cards().get(HUB_CARD_KEY)
+    return factory.memory_need(card) if card is not None and card.hf_repo == HUB_CARD_REPO else None

@@ -9,11 +9,11 @@ import asyncio
 import time
 import traceback
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .common import describe_error, log
+from .common import BUDGET_FRACTION, MEASURED_SLACK_BYTES, ModelSpec, describe_error, gib, log, share
 from .engines import stop
 from .machine import wait_for_memory
 
@@ -79,13 +79,49 @@ class Engines:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """What every phase is given: the folders, each engine's share of the GPU, and the sizes of
-    the run (from the command line)."""
+class Model:
+    """One role's engine: the model's sizes, its folder, its share of the GPU, and whether its
+    weights are real (found in the Hugging Face cache: rebuilds then read them from disk) or
+    made up by vLLM (`dummy`)."""
 
-    folders: dict[str, Path]
-    utils: dict[str, float]
+    spec: ModelSpec
+    folder: Path
+    util: float
+    load_format: str = "dummy"
+
+
+@dataclass
+class Plan:
+    """What every phase is given: each role's model, the GPU's memory, the sizes of the run (from
+    the command line), and what each role's build was measured to take (the lifecycle phase)."""
+
+    models: dict[str, Model]
     swaps: int
     tokens: int
     timeout_s: float
-    fits_together: bool
+    total: int | None = None
+    measured: dict[str, int] = field(default_factory=dict)
+
+    def title(self, role: str) -> str:
+        return self.models[role].spec.title
+
+    def need(self, role: str) -> int:
+        """What the role's engine takes: as measured where its build was, else as expected."""
+        return self.measured.get(role) or self.models[role].spec.need_bytes
+
+    def util(self, role: str) -> float:
+        """The role's share: from its measured footprint (and some room) once known."""
+        if role in self.measured:
+            return share(self.measured[role] + MEASURED_SLACK_BYTES, self.total)
+        return self.models[role].util
+
+    def fits_together(self) -> tuple[bool, str]:
+        """Whether both engines fit in the budget at once, and in words why not."""
+        needs = {role: self.need(role) for role in self.models}
+        if self.total is None or sum(needs.values()) <= BUDGET_FRACTION * self.total:
+            return True, ""
+        how = ", ".join(
+            f"{self.title(r)} {gib(n)} GiB ({'measured' if r in self.measured else 'expected'})"
+            for r, n in needs.items()
+        )
+        return False, f"{how}: more than {BUDGET_FRACTION} of this GPU's {gib(self.total)} GiB together"

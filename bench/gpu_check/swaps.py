@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable
 from typing import Any
 
-from .common import MEMORY_RETURN_TIMEOUT_S, MEMORY_SLACK_BYTES, SPECS, describe_error, gib, log
+from .common import MEMORY_RETURN_TIMEOUT_S, MEMORY_SLACK_BYTES, describe_error, gib, log
 from .engines import answer, build, sleep, stop
 from .machine import gpu_used, memory_snapshot, wait_for_memory
 from .phase import Engines, Phase, Plan
@@ -38,8 +38,9 @@ def drift(series: list[int | None]) -> dict[str, Any]:
 async def swaps_sleep(plan: Plan) -> dict[str, Any]:
     """Both engines built; `swaps` times: the awake one sleeps, the other wakes and answers."""
     phase = Phase(f"{plan.swaps} sleep/wake swaps", plan.timeout_s)
-    if not plan.fits_together:
-        phase.notes["skipped"] = f"the two shares {plan.utils} add up to more than 0.9 of this GPU"
+    fits, why = plan.fits_together()
+    if not fits:
+        phase.notes["skipped"] = why
         return phase.record()
     engines = Engines()
     target = gpu_used()
@@ -48,12 +49,12 @@ async def swaps_sleep(plan: Plan) -> dict[str, Any]:
         for role in ("small", "large"):
 
             async def start(role: str = role) -> None:
-                engines.live[role] = await build(plan.folders[role], plan.utils[role])
+                engines.live[role] = await build(plan.models[role], plan.util(role))
 
-            await phase.run(f"build {SPECS[role].title}", start)
+            await phase.run(f"build {plan.title(role)}", start)
         both = len(engines.live) == 2
         await phase.run(
-            "sleep Qwen2-VL-7B-class (start)",
+            f"sleep {plan.title('large')} (start)",
             lambda: sleep(engines.live["large"]),
             None if both else "an engine is missing",
         )
@@ -79,7 +80,7 @@ async def swaps_sleep(plan: Plan) -> dict[str, Any]:
                 log(f"{phase.name}: swap {number + 1} FAILED: {describe_error(error)}")
                 break
             series.append(gpu_used())
-            log(f"{phase.name}: swap {number + 1}: {SPECS[awake].title} awake, {gib(series[-1])} GiB used")
+            log(f"{phase.name}: swap {number + 1}: {plan.title(awake)} awake, {gib(series[-1])} GiB used")
         phase.notes["swaps_done"] = len(series)
         phase.notes["median_s"] = {k: round(statistics.median(v), 3) for k, v in times.items() if v}
         phase.notes["max_s"] = {k: round(max(v), 3) for k, v in times.items() if v}
@@ -96,7 +97,7 @@ async def swaps_sleep(plan: Plan) -> dict[str, Any]:
         for role in ("small", "large"):
             if role in engines.live:
                 await phase.run(
-                    f"shutdown {SPECS[role].title}", lambda role=role: stop(engines.live.pop(role), None)
+                    f"shutdown {plan.title(role)}", lambda role=role: stop(engines.live.pop(role), None)
                 )
         await check_memory_back(phase, target, "GPU memory back after the swaps and shutdowns")
     finally:
@@ -126,9 +127,7 @@ async def swaps_build(plan: Plan) -> dict[str, Any]:
             role = ("small", "large")[number % 2]
             try:
                 start = time.perf_counter()
-                engines.live[role] = await asyncio.wait_for(
-                    build(plan.folders[role], plan.utils[role]), plan.timeout_s
-                )
+                engines.live[role] = await asyncio.wait_for(build(plan.models[role]), plan.timeout_s)
                 times["build"].append(time.perf_counter() - start)
                 start = time.perf_counter()
                 await asyncio.wait_for(answer(engines.live[role], plan.tokens), plan.timeout_s)
@@ -137,13 +136,13 @@ async def swaps_build(plan: Plan) -> dict[str, Any]:
                 stopped = await asyncio.wait_for(stop(engines.live.pop(role), target), plan.timeout_s)
                 times["shutdown"].append(time.perf_counter() - start)
             except Exception as error:
-                failures.append(f"swap {number + 1} ({SPECS[role].title}): {describe_error(error)}")
+                failures.append(f"swap {number + 1} ({plan.title(role)}): {describe_error(error)}")
                 log(f"{phase.name}: swap {number + 1} FAILED: {describe_error(error)}")
                 await engines.close(phase, None)
                 continue
             after_shutdowns.append(gpu_used())
             log(
-                f"{phase.name}: swap {number + 1}: {SPECS[role].title} built in {times['build'][-1]:.1f} s, "
+                f"{phase.name}: swap {number + 1}: {plan.title(role)} built in {times['build'][-1]:.1f} s, "
                 f"{gib(after_shutdowns[-1])} GiB used after its shutdown"
             )
             if stopped.get("memory_back") is False:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from .common import SPECS, gib
+from .common import gib
 from .engines import answer, build, stop
 from .machine import gpu_used, memory_snapshot
 from .phase import Engines, Phase, Plan
@@ -16,8 +16,9 @@ from .phase import Engines, Phase, Plan
 async def two_resident(plan: Plan) -> dict[str, Any]:
     """Both engines built (each with its fitted share of the GPU), each answering at once."""
     phase = Phase("two engines resident", plan.timeout_s)
-    if not plan.fits_together:
-        phase.notes["skipped"] = f"the two shares {plan.utils} add up to more than 0.9 of this GPU"
+    fits, why = plan.fits_together()
+    if not fits:
+        phase.notes["skipped"] = why
         return phase.record()
     engines = Engines()
     target = gpu_used()
@@ -25,10 +26,10 @@ async def two_resident(plan: Plan) -> dict[str, Any]:
         for role in ("small", "large"):
 
             async def start(role: str = role) -> dict[str, Any]:
-                engines.live[role] = await build(plan.folders[role], plan.utils[role])
+                engines.live[role] = await build(plan.models[role], plan.util(role))
                 return {"gpu_used_gib": gib(gpu_used())}
 
-            await phase.run(f"build {SPECS[role].title}", start)
+            await phase.run(f"build {plan.title(role)}", start)
         both = len(engines.live) == 2
         phase.notes["gpu_with_both"] = memory_snapshot(torch_probe=True) if both else None
 
@@ -49,7 +50,7 @@ async def two_resident(plan: Plan) -> dict[str, Any]:
         for role in ("small", "large"):
             if role in engines.live:
                 stopped = await phase.run(
-                    f"shutdown {SPECS[role].title}",
+                    f"shutdown {plan.title(role)}",
                     lambda role=role: stop(engines.live.pop(role), target if role == "large" else None),
                 )
                 if stopped is not None and stopped.get("memory_back") is not None:
