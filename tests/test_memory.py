@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from app.engines.memory import (
     parameters_from_config,
     parameters_from_name,
     sliding_windows,
+    weights_on_disk,
 )
 from app.engines.vllm_engine import VllmEngineFactory, visible_devices, wait_for_memory_freed
 
@@ -157,14 +159,22 @@ def test_the_kv_reserve_holds_the_cards_full_length_sequences(key: str, config: 
 def test_kv_arithmetic_follows_each_layers_attention():
     text = {"hidden_size": 1024, "num_hidden_layers": 12, "num_attention_heads": 8, "num_key_value_heads": 2}
     full = 12 * 2 * 2 * 128 * 2
-    assert kv_bytes_per_token(text) == full == kv_bytes_per_sequence(text, 1)
+    assert kv_bytes_per_token(text) == full
+    # Whole blocks of 16 tokens, as vLLM allocates them on a GPU.
+    assert kv_bytes_per_sequence(text, 16) == kv_bytes_per_sequence(text, 1) == 16 * full
     # Sliding windows: every sixth layer global (older Gemma 3 configs) or as layer_types say; a
-    # windowed layer holds its window plus one step's tokens, never more than the sequence.
+    # windowed layer holds its window and two steps' tokens in flight and a block more, never more
+    # than the sequence (and a block); mixed kinds get a twentieth more for vLLM's page padding.
     gemma = {**text, "sliding_window": 1024, "sliding_window_pattern": 6}
     assert sliding_windows(gemma, 12).count(None) == 2
     per_layer = full // 12
-    assert kv_bytes_per_sequence(gemma, 4096, batched_tokens=2048) == per_layer * (2 * 4096 + 10 * 3072)
-    assert kv_bytes_per_sequence(gemma, 2048, batched_tokens=2048) == per_layer * 12 * 2048
+    total = per_layer * (2 * 8192 + 10 * (3072 + 16))  # 1023 + 2 x 1024 tokens: 192 blocks, +1
+    assert kv_bytes_per_sequence(gemma, 8192, batched_tokens=1024) == total + total // 20
+    short = per_layer * (2 * 2048 + 10 * (2048 + 16))
+    assert kv_bytes_per_sequence(gemma, 2048, batched_tokens=2048) == short + short // 20
+    # Step3 names its (one) KV head group `num_attention_groups`.
+    step3 = {**text, "num_key_value_heads": None, "num_attention_groups": 1}
+    assert kv_bytes_per_token(step3) == full // 2
     typed = {**text, "sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"] * 6}
     assert sliding_windows(typed, 12) == [512, None] * 6
     # Qwen2's configs name a window they do not use.
@@ -208,7 +218,7 @@ def test_a_hub_model_in_the_hugging_face_cache_is_sized_from_its_own_files(tmp_p
     """Qwen2.5-VL 3B: 5.6 GiB guessed from its name, about 7 GiB real; its config.json and
     safetensors index in the cache (as a download leaves them) give the real figures, and vLLM is
     given the reserve exactly."""
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", "unset")  # the factory sets it: restored after the test
     card = CARDS["qwen2_5_vl"]
     config = {
         "text_config": {
@@ -287,7 +297,7 @@ def test_the_memory_table_in_the_docs_is_what_the_script_prints(tmp_path: Path):
 def test_a_chat_gets_a_chat_sized_context_where_the_config_allows_it(tmp_path: Path, monkeypatch):
     """The references' examples give Qwen2.5-VL 4,096 tokens (a few pictures); its config says
     128,000. On a GPU a chat gets APP_CHAT_CONTEXT (16,384), with the reserve counted for it."""
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))  # the factory sets it: restored after
     card = CARDS["qwen2_5_vl"]
     config = {"text_config": {**text_config(2048, 36, 16, 2), "max_position_embeddings": 128000}}
     index = {"metadata": {"total_size": 7_509_245_952}, "weight_map": {}}
@@ -322,3 +332,70 @@ def test_the_chat_context_never_lets_the_kv_reserve_outweigh_the_weights():
     gemma = {"text_config": {**text_config(2048, 18, 8, 1), "max_position_embeddings": 8192}}
     assert chat_length(paligemma, gemma, 6 * GB, 16384) == 8192
     assert native_context({"text_config": {"seq_length": 8192, "max_position_embeddings": 32768}}) == 8192
+
+
+def test_the_caches_config_and_the_hubs_weights_are_combined_and_moe_is_never_counted_from_config(
+    tmp_path: Path, monkeypatch
+):
+    """Qwen3-VL-30B-A3B: the config alone in the cache (a tokenizer load leaves it) counts a
+    third of the weights (its experts are not in the formula); the Hub's safetensors headers give
+    them all. Before, the config's count won and the Hub's figure was thrown away."""
+    from app.engines import vllm_engine
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    card = CARDS["qwen3_vl_moe"]
+    config = {"text_config": {**text_config(2048, 48, 32, 4), "head_dim": 128, "num_experts": 128}}
+    _hub_cache(tmp_path, card.hf_repo, {"config.json": json.dumps(config)})
+    factory = VllmEngineFactory(Settings(gpu_count=1, hf_cache=tmp_path), device_totals=[80 * GB])
+    alone = factory.memory_need(card)
+    assert alone.weights_from == "the repository's name" and not alone.from_files  # not the config's count
+    assert alone.kv_from_config
+    hub = ModelFacts(None, 62 * GB, "the Hub")
+    monkeypatch.setattr(vllm_engine, "facts_from_hub", lambda repo, revision, cache: hub)
+    assert factory.read_facts_from_hub([card]) == 1  # the config was cached, the weights were not
+    need = factory.memory_need(card)
+    assert need.weights_bytes == 62 * GB and need.weights_from == "safetensors in the Hub" and need.from_files
+
+
+def test_files_that_cannot_be_read_never_stop_the_sizing(tmp_path: Path, monkeypatch):
+    """A broken link in the cache, a config with a field of the wrong type, shards without their
+    index (a download under way): the model is sized from its card, and no figure is taken from
+    part of its weights."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    card = CARDS["qwen2_vl"]
+    config = {"text_config": {**text_config(3584, 28, 28, 4), "num_kv_shared_layers": "two"}}
+    snapshot = _hub_cache(tmp_path, card.hf_repo, {"config.json": json.dumps(config)})
+    (snapshot / "model-00001-of-00005.safetensors").write_bytes(b"x" * 1000)
+    (snapshot / "model-00002-of-00005.safetensors").symlink_to(tmp_path / "gone")
+    factory = VllmEngineFactory(Settings(gpu_count=1, hf_cache=tmp_path), device_totals=[80 * GB])
+    need = factory.memory_need(card)
+    assert need.weights_from == "the repository's name" and not need.kv_from_config
+    assert weights_on_disk(snapshot) is None
+
+
+def test_tensor_parallel_kv_is_split_by_heads_and_latent_attention_is_kept_whole():
+    card = CARDS["NVLM_D"]  # four GPUs
+    assert card.gpus_needed == 4
+    few_heads = {"text_config": text_config(8192, 80, 64, 2)}
+    need = estimate_need(card, None, on_gpu=True, facts=ModelFacts(few_heads, 150 * GB, "the Hub"))
+    assert need.kv_per_device == math.ceil(need.kv_bytes / 2)  # two heads: each on two GPUs
+    latent = {"text_config": {**text_config(8192, 80, 64, 64), "kv_lora_rank": 512, "qk_rope_head_dim": 64}}
+    need = estimate_need(card, None, on_gpu=True, facts=ModelFacts(latent, 150 * GB, "the Hub"))
+    assert need.kv_per_device == need.kv_bytes
+
+
+def test_an_answer_from_the_hub_for_one_file_does_not_stop_the_reading():
+    import httpx
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    from app.engines.vllm_engine import _unreachable
+
+    limited = HfHubHTTPError(
+        "429", response=httpx.Response(429, request=httpx.Request("GET", "https://hf.co"))
+    )
+    try:
+        raise LocalEntryNotFoundError("no local copy") from limited
+    except LocalEntryNotFoundError as error:
+        assert not _unreachable(error)
+    assert _unreachable(LocalEntryNotFoundError("no network"))
+    assert _unreachable(httpx.ConnectError("no route"))

@@ -12,7 +12,6 @@ import importlib
 import json
 import os
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from app.catalog.cards import ModelCard, load_cards
 from app.demo.twins import TWIN_BUILDERS, build_twin, twin_cases, twin_settings, why_no_twin
 from app.engines.base import EngineError, SamplingSettings, StreamEnd
 from app.engines.manager import EngineManager
-from app.engines.memory import cached_layer_windows, kv_bytes_per_token
+from app.engines.memory import kv_layout
 from app.engines.vllm_engine import VllmEngineFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -264,9 +263,10 @@ def test_twin_answers_one_image(loop, twin):
 
 def test_twin_kv_cache_is_what_the_estimators_arithmetic_says(loop, twin, twin_folders):
     """The scheduler reserves KV memory by the arithmetic of `app.engines.memory` on the model's
-    config.json (layers, KV heads, head size, latent attention, windows); vLLM sizes the cache by
-    its own. Given the same bytes, vLLM's cache must hold exactly the tokens the arithmetic says
-    (to its block size), or the reserve would be short (vLLM refuses the build) or wasted."""
+    config.json (layers that keep a cache, KV heads, head size, latent attention); vLLM sizes the
+    cache by its own. Given the same bytes, vLLM's cache must hold exactly the tokens a layer's
+    bytes per token say (to its block size), or the reserve would be short (vLLM refuses the
+    build) or wasted."""
     key, manager, _ = twin
     if "image" in twin_cases(CARDS[key]):
         baseline(loop, twin)
@@ -275,18 +275,16 @@ def test_twin_kv_cache_is_what_the_estimators_arithmetic_says(loop, twin, twin_f
     engine = manager.engines()[key][0]
     tokens, block = engine.kv_cache_tokens, engine.kv_cache_block_size
     config = json.loads((twin_folders[key] / "config.json").read_text())
-    found = cached_layer_windows(config)
-    assert found is not None, f"{key}: the estimator cannot read its config"
-    windows, per_layer = found
-    # vLLM 0.32 groups the layers of each kind (full attention, each window size) in groups the
-    # size of the smallest kind, and a block of its pool holds one block of each layer of a
-    # group: with one kind, a block is the whole model's, as the per-token arithmetic counts.
-    kinds = Counter(windows)
-    group = min(kinds.values()) if len(kinds) > 1 else len(windows)
-    if len(kinds) == 1:
-        assert group * per_layer == kv_bytes_per_token(config)
+    layout = kv_layout(config)
+    assert layout is not None, f"{key}: the estimator cannot read its config"
+    # vLLM 0.32 groups the layers of each kind (full attention, each window size) and a block of
+    # its pool holds one block of each layer of a group; the twins have two layers, so a group is
+    # the whole model where the kinds are one, and one layer where they are two. (The window,
+    # padding and rounding arithmetic of `kv_bytes_per_sequence` is not exercised here.)
+    group = len(layout.windows) if len(set(layout.windows)) == 1 else 1
     kv_bytes = twin_settings({key: twin_folders[key]}).cpu_kv_cache_bytes
-    assert tokens == kv_bytes // (per_layer * group * block) * block, (key, tokens, per_layer, group, block)
+    expected = kv_bytes // (layout.per_layer * group * block) * block
+    assert tokens == expected, (key, tokens, layout.per_layer, group, block)
 
 
 def test_twin_answers_several_images_where_the_card_takes_them(loop, twin):

@@ -66,7 +66,7 @@ def test_a_cards_enforce_eager_is_never_turned_off(key: str):
 
 
 def test_local_folders_and_the_cache_replace_downloads(monkeypatch):
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", "unset")  # the factory sets it: restored after the test
     settings = Settings(gpu_count=1, model_folders={"llava": Path("/models/llava")}, hf_cache=Path("/cache"))
     args = VllmEngineFactory(settings, device_totals=[80 * 10**9]).engine_args(CARDS["llava"])
     assert args["model"] == "/models/llava" and args["download_dir"] == "/cache"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
@@ -80,11 +81,15 @@ class Lifecycle:
         return slot.need
 
     def _book_measured(self, slot: Slot) -> None:
-        """Books what the new engine took, measured, instead of the estimate it was placed by."""
-        need, taken = self.need(slot), slot.engine.footprint_bytes if slot.engine is not None else None
+        """Books what the new engine took, measured, instead of the estimate it was placed by;
+        never less than the part of the estimate read from the model's files (its weights and
+        KV cache), which a measure cut short by memory settling elsewhere could undercut."""
+        need = self.need(slot)
+        taken = getattr(slot.engine, "footprint_bytes", None)
         if need is None or not taken or self.stopping or self.dead:
             # Another engine's memory was on its way out during the build: the measure is short.
             return
+        floor = math.ceil(need.weights_bytes / need.devices) + need.kv_per_device if need.from_files else 0
         if abs(taken - need.estimated_per_device) > need.estimated_per_device // 10:
             log.info(
                 "%s took %.1f GiB per GPU, estimated %.1f GiB (weights from %s, KV cache from %s)",
@@ -94,7 +99,7 @@ class Lifecycle:
                 need.weights_from,
                 need.kv_from,
             )
-        slot.need = need.measured(taken)
+        slot.need = need.measured(max(taken, floor))
 
     def _is_remote(self, slot: Slot) -> bool:
         return bool(slot.card.remote_url or slot.card.key in self._settings.remote_engines)
@@ -109,8 +114,10 @@ class Lifecycle:
         """Every engine that holds memory here, as the policy sees it."""
         residents = []
         for slot in self._slots.values():
+            if slot.engine is None and not slot.activity:
+                continue  # holds nothing (asked first: sizing a model reads its files)
             need = self.need(slot)
-            if need is None or (slot.engine is None and not slot.activity):
+            if need is None:
                 continue
             if slot.engine is not None and not slot.engine.resident:
                 continue
@@ -163,7 +170,10 @@ class Lifecycle:
                     slot.card, lambda phase: board.set_phase(slot, phase), slot.devices
                 )
                 slot.asleep = False
-                self._book_measured(slot)
+                try:
+                    self._book_measured(slot)
+                except Exception:  # the booking must never cost the engine just built
+                    log.exception("booking what %s took failed; its estimate stays", slot.card.key)
             now = self._clock()
             slot.last_build_s = now - started
             self._events().loaded(slot.card.key, now - started, woke)
@@ -176,7 +186,8 @@ class Lifecycle:
         except Exception as error:
             log.exception("loading %s failed", slot.card.key)
             self._events().load_failed(slot.card.key)
-            slot.engine, slot.asleep = None, False
+            # Asked again next time: a figure read during a failed download may be partial.
+            slot.engine, slot.asleep, slot.need = None, False, None
             slot.reason = failure_reason(slot.card, error)
             board.set_activity(slot, "")
             self._admission.fail_for(slot, slot.reason)
@@ -218,6 +229,7 @@ class Lifecycle:
 
     async def unload(self, slot: Slot, reason: str) -> None:
         """Shuts the model's engine down (the engine counts as held until it is gone)."""
+        need = self.need(slot)  # as booked while it ran (asked again once the engine is gone)
         engine, slot.engine, slot.asleep = slot.engine, None, False
         self._board.set_activity(slot, "unloading", reason)
         if engine is not None:
@@ -229,7 +241,6 @@ class Lifecycle:
                 self._events().unloaded(slot.card.key, self._clock() - started)
         except asyncio.CancelledError:
             # Stopped half way (the app is closing): `close` finishes the job.
-            need = self.need(slot)
             if engine is not None and need is not None:
                 self.dead.append(Dead(slot.card.key, need, slot.devices, engine))
             raise

@@ -46,20 +46,23 @@ CPU_ENGINE_OVERHEAD_BYTES = 1 * GIB
 # Where neither files, card nor name tell: a mid-size model, so an unknown one is not squeezed in.
 UNKNOWN_WEIGHTS_BYTES = 16 * GIB
 UNKNOWN_CPU_WEIGHTS_BYTES = GIB // 4
-# KV bytes per token per byte of weights where no config is at hand: what a model without
-# grouped-query attention has (Phi-3.5-vision: 32 layers x 32 KV heads x 96 x 2 x 2 bytes = 393 KB
-# a token for 8.3 GB of weights), up to what the largest such model in the catalog has (LLaVA-1.5
-# 13B: 800 KB); larger models all group their KV heads. Grouped-query models need 5-10 times less,
-# which their config then says.
-KV_BYTES_PER_TOKEN_PER_WEIGHT_BYTE = 1 / 20_000
+# KV bytes per token per byte of weights where no config is at hand: what the catalog's models
+# without grouped-query attention have at most (BLIP-2's OPT-2.7B: 32 layers x 2,560 x 2 x 2 bytes
+# = 328 KB a token for 5.4 GB of weights; Phi-3.5-vision: 393 KB for 8.3 GB), up to 1 MiB a token
+# (LLaVA-1.5 13B: 800 KB); larger models all group their KV heads. Grouped-query models need 5-10
+# times less, which their config then says.
+KV_BYTES_PER_TOKEN_PER_WEIGHT_BYTE = 1 / 15_000
 MAX_GUESSED_KV_BYTES_PER_TOKEN = 2**20
 DEFAULT_MAX_MODEL_LEN = 4096
 # vLLM's own default is 256 sequences, far more than a playground serves at once: the reserve
 # assumes this many full-length sequences where the card does not set `max_num_seqs`.
 DEFAULT_MAX_NUM_SEQS = 4
-# vLLM gives a sliding-window layer room for its window plus one step's tokens; a step is at most
-# `max_num_batched_tokens`, whose largest default on a GPU this is.
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 16384
+# vLLM gives a sliding-window layer room for its window plus the tokens of the steps in flight; a
+# step is at most `max_num_batched_tokens`: where the card does not set it, 8,192 (vLLM's engine
+# default for the app's use is 2,048; its largest default, for offline use on a large GPU, 16,384).
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+# Tokens a block of vLLM's KV cache holds on a GPU (its default block size).
+KV_BLOCK_TOKENS = 16
 # Bytes per element of the dtypes safetensors headers name.
 SAFETENSORS_DTYPE_BYTES = {
     "F64": 8,
@@ -110,6 +113,9 @@ class MemoryNeed:
     # The `max_model_len` the KV reserve is for, where it differs from the card's (a chat-sized
     # context on a GPU); the engine is built with it.
     context_tokens: int | None = None
+    # How many GPUs the KV cache is split over (fewer than `devices` where the model has fewer
+    # KV heads, or latent attention, which every GPU keeps whole); 0: all of them.
+    kv_devices: int = 0
 
     @property
     def per_device(self) -> int:
@@ -120,7 +126,12 @@ class MemoryNeed:
 
     @property
     def estimated_per_device(self) -> int:
-        return math.ceil((self.weights_bytes + self.kv_bytes) / self.devices) + self.overhead_bytes
+        return math.ceil(self.weights_bytes / self.devices) + self.kv_per_device + self.overhead_bytes
+
+    @property
+    def kv_per_device(self) -> int:
+        """The KV cache on each GPU: split by heads, each GPU at least one head's share."""
+        return math.ceil(self.kv_bytes / (self.kv_devices or self.devices))
 
     @property
     def kv_from_config(self) -> bool:
@@ -173,25 +184,27 @@ def parameters_from_name(repo: str) -> float | None:
 
 
 def weights_on_disk(folder: Path) -> int | None:
-    """The weights' size where the model is a local folder: the index's total, else the files."""
-    if not folder.is_dir():
-        return None
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
+    """The weights' size where the model is on disk: its index's `total_size` (the whole model's,
+    whichever shards are there yet), else a single `model.safetensors`. Shards without an index
+    are a download under way (vLLM fetches the index last): no figure rather than part of one."""
+    try:
+        if not folder.is_dir():
+            return None
+        index = folder / "model.safetensors.index.json"
+        if index.is_file():
             total = json.loads(index.read_text()).get("metadata", {}).get("total_size")
-            if isinstance(total, int) and total > 0:
-                return total
-        except (OSError, ValueError):
-            pass
-    return sum(f.stat().st_size for f in folder.glob("*.safetensors")) or None
+            return total if isinstance(total, int) and total > 0 else None
+        shards = list(folder.glob("*.safetensors"))
+        return shards[0].stat().st_size or None if len(shards) == 1 else None
+    except (OSError, ValueError, AttributeError):  # a broken link, an unreadable index
+        return None
 
 
 def _read_config(folder: Path | None) -> dict[str, Any] | None:
     path = folder / "config.json" if folder is not None else None
-    if path is None or not path.is_file():
-        return None
     try:
+        if path is None or not path.is_file():
+            return None
         config = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
@@ -200,13 +213,27 @@ def _read_config(folder: Path | None) -> dict[str, Any] | None:
 
 def facts_in_folder(folder: Path, source: str = "the model's folder") -> ModelFacts | None:
     """The facts of a model on disk (a local folder or a snapshot in the Hugging Face cache)."""
-    if not folder.is_dir():
+    try:
+        if not folder.is_dir():
+            return None
+    except OSError:
         return None
     config = _read_config(folder)
     weights = weights_on_disk(folder)
     if config is None and weights is None:
         return None
     return ModelFacts(config, weights, source)
+
+
+def merged(first: ModelFacts | None, second: ModelFacts | None) -> ModelFacts | None:
+    """Two readings of one model combined field by field (the cache's config with the Hub's
+    weights, say): each figure from the first that has it."""
+    if first is None or second is None:
+        return first or second
+    weights, source = first.weights_bytes, first.source
+    if weights is None and second.weights_bytes is not None:
+        weights, source = second.weights_bytes, second.source
+    return ModelFacts(first.config if first.config is not None else second.config, weights, source)
 
 
 def facts_in_hub_cache(repo: str, revision: str | None, cache_dir: Path | None = None) -> ModelFacts | None:
@@ -281,21 +308,40 @@ def parameters_from_config(config: dict[str, Any]) -> float | None:
     return total / 1e9
 
 
-def _layer_bytes_per_token(text: dict[str, Any], dtype_bytes: int) -> tuple[int, int] | None:
-    """(layers, KV bytes per token of one layer) of a text model's config."""
+@dataclass(frozen=True)
+class KvLayout:
+    """The layers of a text model that keep a KV cache: each one's window (None: every token),
+    the bytes per token of one layer at two bytes an element, and how many KV heads tensor
+    parallelism can split them into (one for latent attention, whose vector every GPU keeps)."""
+
+    windows: list[int | None]
+    per_layer: int
+    kv_heads: int
+
+
+def kv_layout(config: dict[str, Any]) -> KvLayout | None:
+    """What a `config.json` says of the text model's KV cache; None where it cannot be read."""
+    text = _text_model(config)
     try:
         layers = int(_first(text, "num_hidden_layers", "num_layers", "n_layers"))
+        shared = int(text.get("num_kv_shared_layers") or 0)
         if text.get("kv_lora_rank") and text.get("use_mla", True):
             # Multi-head latent attention (DeepSeek-V2 style): one compressed vector and the
             # rotary part of the key per token and layer, not keys and values per head.
-            return layers, (int(text["kv_lora_rank"]) + int(text.get("qk_rope_head_dim") or 0)) * dtype_bytes
-        heads = int(_first(text, "num_attention_heads", "n_heads", "num_heads"))
-        # ChatGLM names its KV heads `multi_query_group_num` and their size `kv_channels`.
-        kv_heads = int(_first(text, "num_key_value_heads", "multi_query_group_num", "num_kv_heads") or heads)
-        head_dim = int(_first(text, "head_dim", "kv_channels") or int(text["hidden_size"]) // heads)
+            per_layer, kv_heads = (int(text["kv_lora_rank"]) + int(text.get("qk_rope_head_dim") or 0)) * 2, 1
+        else:
+            heads = int(_first(text, "num_attention_heads", "n_heads", "num_heads"))
+            # ChatGLM names its KV heads `multi_query_group_num` and their size `kv_channels`;
+            # Step3 `num_attention_groups`.
+            names = ("num_key_value_heads", "multi_query_group_num", "num_kv_heads", "num_attention_groups")
+            kv_heads = int(_first(text, *names) or heads)
+            head_dim = int(_first(text, "head_dim", "kv_channels") or int(text["hidden_size"]) // heads)
+            per_layer = 2 * kv_heads * head_dim * 2
+        windows = sliding_windows(text, layers)
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
-    return layers, 2 * kv_heads * head_dim * dtype_bytes
+    # Gemma 3n's last `num_kv_shared_layers` reuse earlier layers' cache.
+    return KvLayout(windows[: max(1, layers - shared)], per_layer, max(1, kv_heads))
 
 
 def sliding_windows(text: dict[str, Any], layers: int) -> list[int | None]:
@@ -317,23 +363,11 @@ def sliding_windows(text: dict[str, Any], layers: int) -> list[int | None]:
     return [window] * layers
 
 
-def cached_layer_windows(config: dict[str, Any]) -> tuple[list[int | None], int] | None:
-    """The windows of the layers that keep a KV cache (Gemma 3n's last `num_kv_shared_layers`
-    reuse earlier layers' cache), and each one's bytes per token at two bytes an element."""
-    text = _text_model(config)
-    found = _layer_bytes_per_token(text, 2)
-    if found is None:
-        return None
-    layers, per_layer = found
-    shared = int(text.get("num_kv_shared_layers") or 0)
-    return sliding_windows(text, layers)[: max(1, layers - shared)], per_layer
-
-
 def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int = 2) -> int | None:
     """Key and value bytes per token for every layer of the text model a `config.json` describes
     that keeps a cache (each counted in full, as for a sequence shorter than any window)."""
-    found = cached_layer_windows(config)
-    return len(found[0]) * found[1] * dtype_bytes // 2 if found else None
+    layout = kv_layout(config)
+    return len(layout.windows) * layout.per_layer * dtype_bytes // 2 if layout else None
 
 
 def kv_bytes_per_sequence(
@@ -342,14 +376,24 @@ def kv_bytes_per_sequence(
     dtype_bytes: int = 2,
     batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
 ) -> int | None:
-    """KV bytes vLLM needs for one sequence of `tokens` tokens: a full-attention layer holds every
-    token, a sliding-window (or chunked) layer its window plus one step's tokens (`batched_tokens`)."""
-    found = cached_layer_windows(config)
-    if found is None:
+    """KV bytes vLLM needs for one sequence of `tokens` tokens, as vLLM 0.32 counts a layer's
+    most (`max_memory_usage_bytes`): a full-attention layer every token, a sliding-window (or
+    chunked) layer its window plus the tokens of two steps in flight (asynchronous scheduling)
+    and a block more; each rounded up to whole blocks. Where layers of several kinds share the
+    cache, vLLM pads their pages to one size: a twentieth more is reserved for it."""
+    layout = kv_layout(config)
+    if layout is None:
         return None
-    windows, per_layer = found
-    per_layer = per_layer * dtype_bytes // 2
-    return sum(per_layer * (tokens if w is None else min(tokens, w + batched_tokens)) for w in windows)
+    per_layer = layout.per_layer * dtype_bytes // 2
+
+    def held(window: int | None) -> int:
+        if window is None:
+            return -(-tokens // KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS
+        held = min(tokens, window - 1 + 2 * batched_tokens)
+        return (-(-held // KV_BLOCK_TOKENS) + 1) * KV_BLOCK_TOKENS
+
+    total = sum(per_layer * held(window) for window in layout.windows)
+    return total + total // 20 if len(set(layout.windows)) > 1 else total
 
 
 # Where a config states the model's context (vLLM reads the same keys and takes the smallest).
@@ -423,9 +467,11 @@ def estimate_need(
     weights = facts.weights_bytes if facts is not None else None
     weights_from = f"safetensors in {facts.source}" if facts is not None and weights else ""
     if weights is None:
-        # A local folder without weights (vLLM's dummy weights) is the model its config says;
-        # elsewhere the card's figure or the repository's name tells.
-        params = parameters_from_config(config) if config is not None else None
+        # A local folder without weights (vLLM's dummy weights) is the model its config says
+        # (the count leaves out mixture-of-experts layers: not for a Hub model, which has the
+        # card's figure or its name); elsewhere the card's figure or the repository's name.
+        local = folder is not None and config is not None
+        params = parameters_from_config(config) if local and config is not None else None
         weights_from = "config.json's parameters" if params else ""
         if not params and card.parameters_b:
             params, weights_from = card.parameters_b, "the card's parameters_b"
@@ -456,10 +502,16 @@ def estimate_need(
     batched = int(args.get("max_num_batched_tokens") or DEFAULT_MAX_NUM_BATCHED_TOKENS)
     per_sequence = kv_bytes_per_sequence(config, length, kv_dtype_bytes(card), batched) if config else None
     kv_from, reserve = "config.json", (per_sequence or 0) * sequences
+    devices = card.gpus_needed
+    # Tensor parallelism splits the KV cache by heads; where there are fewer KV heads than GPUs
+    # (or one latent vector) vLLM keeps copies, so each GPU holds at least one head's share.
+    layout = kv_layout(config) if per_sequence is not None and config is not None else None
+    kv_devices = min(devices, layout.kv_heads) if layout is not None else devices
     if per_sequence is None:
-        # A guess: one full-length sequence at a per-token size that covers any model (vLLM
-        # refuses an engine that cannot hold one); vLLM then sizes the cache itself within the
-        # engine's share, so more sequences fit where the model needs less.
+        # A guess: one full-length sequence at a per-token size that covers the catalog's models
+        # without grouped-query attention (vLLM refuses an engine that cannot hold one); vLLM then
+        # sizes the cache itself within the engine's share, so more sequences fit where the model
+        # needs less.
         per_token = min(MAX_GUESSED_KV_BYTES_PER_TOKEN, int(weights * KV_BYTES_PER_TOKEN_PER_WEIGHT_BYTE))
         reserve = max(1, per_token) * length
         kv_from = "a guess for one sequence (no config at hand)"
@@ -467,9 +519,10 @@ def estimate_need(
         weights,
         reserve,
         GPU_ENGINE_OVERHEAD_BYTES,
-        card.gpus_needed,
+        devices,
         weights_from,
         kv_from,
         from_files=weights_known and kv_from == "config.json",
         context_tokens=context,
+        kv_devices=kv_devices,
     )

@@ -30,7 +30,14 @@ from app.engines.base import (
     explain_refusal,
     first_line,
 )
-from app.engines.memory import MemoryNeed, ModelFacts, estimate_need, facts_from_hub, facts_in_hub_cache
+from app.engines.memory import (
+    MemoryNeed,
+    ModelFacts,
+    estimate_need,
+    facts_from_hub,
+    facts_in_hub_cache,
+    merged,
+)
 from app.engines.remote_engine import RemoteEngine
 from app.engines.scheduler import Capacity
 from app.engines.tokens import (
@@ -48,6 +55,10 @@ log = logging.getLogger(__name__)
 # GPU memory still in use after a shutdown that counts as "back" (CUDA context, other tenants).
 GPU_MEMORY_SLACK_BYTES = 512 * 2**20
 MEMORY_RETURN_TIMEOUT_S = 60.0
+# Seconds before a model the Hugging Face cache did not hold whole is looked for there again.
+FACTS_RECHECK_S = 10.0
+# Room above a measured footprint in the share vLLM checks is free at a rebuild.
+MEASURED_SLACK_BYTES = 512 * 2**20
 
 
 class VllmEngineFactory:
@@ -75,6 +86,10 @@ class VllmEngineFactory:
             register_folder(key, folder)
         # Hub models' facts read from the Hub at start (`read_facts_from_hub`), by card key.
         self._hub_facts: dict[str, ModelFacts] = {}
+        # What the Hugging Face cache held of each model at its last look, and when.
+        self._cache_facts: dict[str, tuple[ModelFacts | None, float]] = {}
+        # What each model's last build took on its busiest GPU, measured: rebuilds ask vLLM for it.
+        self._measured: dict[str, int] = {}
 
     def device_totals(self) -> list[int]:
         """Each visible GPU's memory (NVML), or the machine's RAM where there is no GPU."""
@@ -109,18 +124,36 @@ class VllmEngineFactory:
         if self._is_remote(card):
             return None
         folder = self._settings.model_folders.get(card.key)
-        facts = None
-        if folder is None and not Path(card.hf_repo).is_absolute():
-            facts = facts_in_hub_cache(card.hf_repo, card.revision, self._settings.hf_cache)
-            facts = facts or self._hub_facts.get(card.key)
-        return estimate_need(
-            card,
-            folder,
-            on_gpu=self._settings.gpu_count > 0,
-            cpu_kv_cache_bytes=self._settings.cpu_kv_cache_bytes,
-            facts=facts,
-            chat_context=self._settings.chat_context,
-        )
+        on_gpu = self._settings.gpu_count > 0
+        try:
+            facts = None if folder is not None else self._facts(card)
+            return estimate_need(
+                card,
+                folder,
+                on_gpu=on_gpu,
+                cpu_kv_cache_bytes=self._settings.cpu_kv_cache_bytes,
+                facts=facts,
+                chat_context=self._settings.chat_context,
+            )
+        except Exception:
+            # Files that cannot be read as expected must not stop the scheduling of every model.
+            log.warning("sizing %s from its files failed; sized from its card", card.key, exc_info=True)
+            return estimate_need(card, None, on_gpu, self._settings.cpu_kv_cache_bytes)
+
+    def _facts(self, card: ModelCard) -> ModelFacts | None:
+        """A Hub model's facts: the Hugging Face cache's (its config, and its weights where they
+        are all there), each missing figure from what was read of the Hub. A look in the cache
+        that finds the model incomplete is repeated at most every few seconds (the scheduler asks
+        at every step; a download may be under way)."""
+        if Path(card.hf_repo).is_absolute():
+            return None
+        now = time.monotonic()
+        known = self._cache_facts.get(card.key)
+        complete = known is not None and known[0] is not None and known[0].weights_bytes is not None
+        if known is None or (not complete and now - known[1] > FACTS_RECHECK_S):
+            known = (facts_in_hub_cache(card.hf_repo, card.revision, self._settings.hf_cache), now)
+            self._cache_facts[card.key] = known
+        return merged(known[0], self._hub_facts.get(card.key))
 
     def _is_remote(self, card: ModelCard) -> bool:
         return bool(self._settings.remote_engines.get(card.key) or card.remote_url)
@@ -136,8 +169,9 @@ class VllmEngineFactory:
                 continue
             if Path(card.hf_repo).is_absolute() or card.key in self._hub_facts:
                 continue
-            if facts_in_hub_cache(card.hf_repo, card.revision, self._settings.hf_cache) is not None:
-                continue
+            cached = facts_in_hub_cache(card.hf_repo, card.revision, self._settings.hf_cache)
+            if cached is not None and cached.weights_bytes is not None and cached.config is not None:
+                continue  # the whole model is on this machine
             try:
                 facts = facts_from_hub(card.hf_repo, card.revision, self._settings.hf_cache)
             except Exception as error:
@@ -168,7 +202,12 @@ class VllmEngineFactory:
         elif need is not None:
             totals = self.device_totals()
             smallest = min(totals[d] for d in devices) if devices else totals[0]
-            args["gpu_memory_utilization"] = round(min(0.95, max(0.05, need.per_device / smallest)), 4)
+            # vLLM refuses to start unless this share of the GPU is free: after a first build,
+            # what that build took (and some room), as the scheduler books it.
+            share = need.per_device
+            if card.key in self._measured:
+                share = min(share, self._measured[card.key] + MEASURED_SLACK_BYTES)
+            args["gpu_memory_utilization"] = round(min(0.95, max(0.05, share / smallest)), 4)
             if need.context_tokens is not None:
                 # A chat-sized context where the config allows it (the reserve is sized for it).
                 args["max_model_len"] = need.context_tokens
@@ -176,7 +215,7 @@ class VllmEngineFactory:
                 # Per GPU: the reserve from max_model_len and max_num_seqs (the config's arithmetic,
                 # so it holds them), not what profiling leaves. Without a config the reserve is a
                 # guess: vLLM then sizes the KV cache itself within the share above.
-                args["kv_cache_memory_bytes"] = max(1, need.kv_bytes // need.devices)
+                args["kv_cache_memory_bytes"] = max(1, need.kv_per_device)
             args["enable_sleep_mode"] = True
         args.setdefault("mm_processor_cache_gb", settings.media_cache_bytes / 2**30)
         if settings.hf_cache is not None:
@@ -214,6 +253,11 @@ class VllmEngineFactory:
         if used_before is not None and used_after is not None:
             physical = self._physical(devices)
             footprint = {d: max(0, used_after[d] - used_before[d]) for d in physical if d < len(used_after)}
+            # Where NVML tells each process's memory: the engine's own processes' (other engines'
+            # memory coming or going during the build then does not count).
+            footprint = process_gpu_memory(engine_process_ids(engine), physical) or footprint
+            if footprint:
+                self._measured[card.key] = max(footprint.values())
         counter = PromptCounter(card, tokenizer, owner)
         # From now on the size check counts with the engine's own tokenizer, within its context.
         register_counter(card.key, counter)
@@ -299,11 +343,11 @@ class VllmEngine:
         self._lora = lora
         # What the build took on each GPU (NVML index: bytes), measured around it.
         self._footprint = footprint
+        # What sleeping gave back on each GPU, while asleep (a sleeper holds only the rest).
+        self._freed_by_sleep: dict[int, int] = {}
         # Requests aborted from outside while between two sends (see `generate`): not sent again.
         self._aborted: set[str] = set()
-        manager = getattr(engine.engine_core, "resources", None)
-        processes = getattr(getattr(manager, "engine_manager", None), "processes", [])
-        self.process_ids = [p.pid for p in processes if p.pid is not None]
+        self.process_ids = engine_process_ids(engine)
 
     @property
     def footprint_bytes(self) -> int | None:
@@ -440,24 +484,35 @@ class VllmEngine:
         return PromptError(message)
 
     async def sleep(self) -> None:
+        before = gpu_memory("used") if self._footprint else None
         await self._engine.sleep(level=1)
+        after = gpu_memory("used") if before is not None else None
+        if self._footprint and before is not None and after is not None:
+            # What sleeping gave back: a shutdown of the sleeper then waits only for the rest.
+            self._freed_by_sleep = {
+                d: max(0, before[d] - after[d]) for d in self._footprint if d < min(len(before), len(after))
+            }
 
     async def wake(self) -> None:
         # vLLM 0.32 says whether every part (weights, KV cache) is back; a partial wake is a
         # failure the manager answers with a rebuild.
         if not await self._engine.wake_up():
             raise EngineError("the engine is not fully awake after waking it")
+        self._freed_by_sleep = {}
 
     async def shutdown(self) -> None:
         # Stopped first: it would otherwise log the engine's exit as a crash.
         before = gpu_memory("used") if self._footprint else None
+        held = {
+            d: max(0, taken - self._freed_by_sleep.get(d, 0)) for d, taken in (self._footprint or {}).items()
+        }
         handler = getattr(self._engine, "output_handler", None)
         if handler is not None:
             handler.cancel()
         await asyncio.to_thread(shut_down, self._engine)
         await asyncio.to_thread(wait_for_exit, self.process_ids)
-        if self._footprint:
-            await asyncio.to_thread(wait_for_memory_freed, before, self._footprint)
+        if held:
+            await asyncio.to_thread(wait_for_memory_freed, before, held)
 
 
 def shut_down(engine: Any) -> None:
@@ -645,6 +700,46 @@ def visible_devices(environ: Mapping[str, str] = os.environ) -> list[int] | None
     return indices
 
 
+def engine_process_ids(engine: Any) -> list[int]:
+    """The process ids of an `AsyncLLM`'s engine core (one per data-parallel rank)."""
+    manager = getattr(engine.engine_core, "resources", None)
+    processes = getattr(getattr(manager, "engine_manager", None), "processes", [])
+    return [p.pid for p in processes if p.pid is not None]
+
+
+def process_gpu_memory(pids: Sequence[int], devices: Sequence[int]) -> dict[int, int] | None:
+    """GPU memory the processes `pids` and their children (tensor-parallel workers) hold on each
+    of `devices` (NVML indices), where NVML tells per process (not in every container); else
+    None."""
+    if not pids:
+        return None
+    try:
+        import psutil
+        import pynvml
+
+        family = set(pids)
+        for pid in pids:
+            family.update(child.pid for child in psutil.Process(pid).children(recursive=True))
+        pynvml.nvmlInit()
+        try:
+            held = {}
+            for device in devices:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(device)
+                found = [
+                    p.usedGpuMemory
+                    for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                    if p.pid in family
+                ]
+                if not found or any(not isinstance(used, int) for used in found):
+                    return None  # hidden (a container without the host's process table)
+                held[device] = sum(found)
+            return held
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return None
+
+
 def gpu_memory(kind: str) -> list[int] | None:
     """Every GPU's memory `used` or `total` in bytes, by NVML index; None where NVML fails."""
     try:
@@ -690,10 +785,12 @@ def wait_for_memory_freed(
 
 def _unreachable(error: BaseException) -> bool:
     """Whether the Hub did not answer at all (offline mode, no network), not only for one model
-    (a gated or missing repository answers with an HTTP status)."""
+    (a gated or missing repository, a rate limit or a server error answer with an HTTP status)."""
     import httpx
-    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
+    if isinstance(error, LocalEntryNotFoundError) and isinstance(error.__cause__, HfHubHTTPError):
+        return False  # the Hub answered for this file (a 429, a 5xx): the next model may work
     network = (
         OfflineModeIsEnabled,
         LocalEntryNotFoundError,
