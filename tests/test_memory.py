@@ -399,3 +399,34 @@ def test_an_answer_from_the_hub_for_one_file_does_not_stop_the_reading():
         assert not _unreachable(error)
     assert _unreachable(LocalEntryNotFoundError("no network"))
     assert _unreachable(httpx.ConnectError("no route"))
+
+
+def test_a_sleeping_engines_shutdown_waits_only_for_what_it_still_holds(monkeypatch):
+    """An engine took 20 GB on GPU 1; asleep it gave 17 GB back. Its shutdown used to wait for
+    all 20 GB to drop from a reading where only 3 GB were still its own: a minute's timeout at
+    every unload of a sleeper (NVML readings simulated: no GPU here)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from app.engines import vllm_engine
+    from app.engines.vllm_engine import VllmEngine
+
+    async def asleep(level: int) -> None:
+        pass
+
+    fake = SimpleNamespace(
+        get_tokenizer=lambda: None,
+        engine_core=SimpleNamespace(resources=None),
+        sleep=asleep,
+        shutdown=lambda: None,
+    )
+    readings = iter([[5 * GB, 30 * GB], [5 * GB, 13 * GB], [5 * GB, 13 * GB]])
+    monkeypatch.setattr(vllm_engine, "gpu_memory", lambda kind: next(readings))
+    waited = {}
+    monkeypatch.setattr(
+        vllm_engine, "wait_for_memory_freed", lambda before, held: waited.update(held) or True
+    )
+    engine = VllmEngine(fake, None, None, footprint={1: 20 * GB})
+    asyncio.run(engine.sleep())
+    asyncio.run(engine.shutdown())
+    assert waited == {1: 3 * GB}

@@ -194,7 +194,9 @@ def test_the_seeing_demo_model_answers_about_the_picture_sent_in_the_page_and_th
         pictures[colour] = tmp_path / f"{colour}.png"
         picture(random.Random(3), [Drawn(colour, "square", side)], (240, 180)).save(pictures[colour])
     pick(page, "model", "Shapes and colours")
-    # Its examples come first: a picture of a blue triangle on the right.
+    # Only the questions it answers are offered (a chart question got "three"), the first a
+    # picture of a blue triangle on the right.
+    poll(lambda: not any_visible(page, "Which bar is the tallest?"))
     page.get_by_text("What shape is it?", exact=True).first.click()
     poll(lambda: page.locator("#chat-input textarea").input_value() == "What shape is it?")
     page.press("#chat-input textarea", "Enter")
@@ -208,6 +210,16 @@ def test_the_seeing_demo_model_answers_about_the_picture_sent_in_the_page_and_th
     client = Client(served[1], verbose=False)
     message = {"text": "What colour is the shape?", "files": [handle_file(str(pictures["blue"]))]}
     assert client.predict(message, SEEING_KEY, "", 0.0, 1.0, 16, None, api_name="/chat").strip() == "blue"
+    # Another model: the general examples, not the seeing model's.
+    pick(page, "model", LABEL_B)
+    poll(
+        lambda: any_visible(page, "Which bar is the tallest?") and not any_visible(page, "What shape is it?")
+    )
+
+
+def any_visible(page: Page, text: str) -> bool:
+    found = page.get_by_text(text, exact=True)
+    return any(found.nth(i).is_visible() for i in range(found.count()))
 
 
 def test_two_pictures_then_a_third_in_a_follow_up_all_reach_the_model(

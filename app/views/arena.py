@@ -42,7 +42,7 @@ from app.storage.history import History, VoteRecord
 from app.storage.votes import OUTCOMES, Outcome
 from app.views.chat import NO_VISIT, PRIVATE
 from app.views.services import WARNING, Playground
-from app.views.widgets import box_idle, box_streaming, message_box
+from app.views.widgets import ExampleShelves, box_idle, box_streaming, message_box
 
 INTRO = (
     "Two anonymous models answer your message side by side. Go on for as many turns as you like, "
@@ -285,6 +285,9 @@ class ArenaView:
             )
         shown = gr.Markdown(elem_id="arena-reveal")
         box = message_box("arena-input", "A message for both models (text, images or a clip)")
+        # The examples every model a battle may draw can answer.
+        pool = [self.playground.choices[key].card for key in self.pool]
+        ExampleShelves(box, [pool], pool, "arena-examples")
         new = gr.Button("New battle", elem_id="arena-new", size="sm")
         asked = box.submit(
             self.ask,

@@ -15,7 +15,6 @@ from typing import Any
 import gradio as gr
 
 from app.catalog.cards import ModelCard
-from app.demo.seeing_model import SEEING_KEY
 from app.domain.compare import fenced
 from app.domain.conversation import (
     ConversationError,
@@ -37,9 +36,9 @@ from app.views.services import Playground, page_max_tokens, refusal
 from app.views.widgets import (
     LATEX_DELIMITERS,
     SYSTEM_HINT,
+    ExampleShelves,
     box_idle,
     box_streaming,
-    example_messages,
     message_box,
     sampling_controls,
 )
@@ -286,6 +285,8 @@ class ChatView:
             gr.Slider(value=defaults.temperature),
             gr.Slider(value=defaults.top_p),
             gr.Slider(value=defaults.max_tokens, maximum=page_max_tokens(choice and choice.card)),
+            # The examples this model can answer.
+            *self.shelves.show([choice.card] if choice is not None else []),
         )
 
     def resumed(self, visit: Visit | None) -> tuple[Any, ...]:
@@ -378,8 +379,9 @@ class ChatView:
                         "Cancel edit", elem_id="cancel-edit", size="sm", visible=False
                     )
                 size = gr.Markdown(elem_id="prompt-size")
-                seeing = any(key == SEEING_KEY for _, key in labels)
-                gr.Examples(examples=example_messages(seeing), inputs=[box], label="Examples")
+                cards = {key: playground.choices[key].card for _, key in labels}
+                shown = [cards[playground.default_model]] if playground.default_model in cards else []
+                self.shelves = ExampleShelves(box, [[c] for c in cards.values()], shown, "chat-examples")
         inputs, outputs = [visit, model, system, *sampling], [chatbot, box, notice, size]
         # A second Enter while an answer streams is sent when it ends (not dropped).
         sent = box.submit(
@@ -410,7 +412,7 @@ class ChatView:
         model.change(
             self.picked,
             [model, visit],
-            [panel, state, system, *sampling[:3]],
+            [panel, state, system, *sampling[:3], *self.shelves.columns],
             show_progress="hidden",
             **PRIVATE,
         )

@@ -23,6 +23,7 @@ from app.views.services import WARNING, Playground, refusal, within_page_bounds
 from app.views.widgets import (
     LATEX_DELIMITERS,
     SYSTEM_HINT,
+    ExampleShelves,
     box_idle,
     box_streaming,
     message_box,
@@ -136,6 +137,19 @@ class CompareView:
         )
         notice = gr.Markdown(elem_id="compare-notice")
         box = message_box("compare-input", "One message (text, images or a clip) for every model")
+        # The examples every model picked can answer (before a pick, the default model's).
+        cards = [self.playground.choices[key].card for _, key in servable]
+        default = self.playground.choices.get(self.playground.default_model or "")
+        shown = [default.card] if default is not None and not default.reason else []
+        pairs = [[a, b] for i, a in enumerate(cards) for b in cards[i + 1 :]]
+        shelves = ExampleShelves(box, [[c] for c in cards] + pairs, shown, "compare-examples")
+        keys.change(
+            lambda picked: shelves.show([self.playground.choices[k].card for k in picked or []] or shown),
+            [keys],
+            shelves.columns,
+            show_progress="hidden",
+            **PRIVATE,
+        )
         sent = gr.Markdown(elem_id="compare-sent")
         columns: list[Any] = []
         with gr.Row():

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
 from app.catalog.cards import ModelCard
+from app.demo.seeing_model import SEEING_KEY
 from app.engines.base import SamplingSettings, card_sampling
 from app.views.services import page_max_tokens
 
@@ -81,33 +84,89 @@ def sampling_controls(prefix: str, card: ModelCard | None = None) -> list[Any]:
         ]
 
 
-# Questions the seeing demo model (`app.demo.seeing_model`) answers, on files it never saw: first in
-# the examples where it is offered (a machine without a GPU), so the demo's answers mean something.
-SEEING_EXAMPLES = [
-    ("What shape is it?", ["one_shape.png"]),
-    ("Which side of the picture is the shape on?", ["one_shape.png"]),
-    ("How many shapes are there?", ["three_shapes.png"]),
-    ("What colour is the shape in the second picture?", ["one_shape.png", "green_square.png"]),
-    ("What colour does the clip end with?", ["colour_change.mp4"]),
-]
+@dataclass(frozen=True)
+class Example:
+    """A message the page offers to send: its text and the example files it attaches."""
+
+    text: str
+    files: tuple[str, ...]
+
+    def message(self) -> dict[str, Any]:
+        return {"text": self.text, "files": [str(EXAMPLES / name) for name in self.files]}
+
+    def count(self, kind: str) -> int:
+        suffixes = {"image": (".png", ".jpg"), "video": (".mp4",)}[kind]
+        return sum(name.endswith(suffixes) for name in self.files)
 
 
-def example_messages(seeing: bool = False) -> list[list[dict[str, Any]]]:
-    """The examples under the chat; with `seeing`, the seeing demo model's questions first."""
-    first = [[{"text": text, "files": [str(EXAMPLES / f) for f in files]}] for text, files in SEEING_EXAMPLES]
-    return (first if seeing else []) + [
-        [
-            {
-                "text": "What shapes do you see, and what colour is each?",
-                "files": [str(EXAMPLES / "shapes.png")],
-            }
-        ],
-        [{"text": "Which bar is the tallest?", "files": [str(EXAMPLES / "bar_chart.png")]}],
-        [{"text": "Describe how the ball moves.", "files": [str(EXAMPLES / "bouncing_ball.mp4")]}],
-        [
-            {
-                "text": "Compare these two pictures.",
-                "files": [str(EXAMPLES / "shapes.png"), str(EXAMPLES / "bar_chart.png")],
-            }
-        ],
-    ]
+# Questions the seeing demo model (`app.demo.seeing_model`) answers, on files it never saw: all it
+# is offered, since it answers nothing else ("Which bar is the tallest?" got "three").
+SEEING_EXAMPLES = (
+    Example("What shape is it?", ("one_shape.png",)),
+    Example("Which side of the picture is the shape on?", ("one_shape.png",)),
+    Example("How many shapes are there?", ("three_shapes.png",)),
+    Example("What colour is the shape in the second picture?", ("one_shape.png", "green_square.png")),
+    Example("What colour does the clip end with?", ("colour_change.mp4",)),
+)
+# For every other model.
+GENERAL_EXAMPLES = (
+    Example("What shapes do you see, and what colour is each?", ("shapes.png",)),
+    Example("Which bar is the tallest?", ("bar_chart.png",)),
+    Example("Describe how the ball moves.", ("bouncing_ball.mp4",)),
+    Example("Compare these two pictures.", ("shapes.png", "bar_chart.png")),
+)
+
+
+def fitting_examples(cards: Sequence[ModelCard]) -> tuple[Example, ...]:
+    """The examples every one of `cards` can answer: the seeing model's own questions where it is
+    among them, else the general ones; each only where every card takes its kinds of file and as
+    many of them in one prompt (no clip for a model of pictures, no two pictures for a model of
+    one)."""
+    if not cards:
+        return ()
+    pool = SEEING_EXAMPLES if any(card.key == SEEING_KEY for card in cards) else GENERAL_EXAMPLES
+    return tuple(
+        example
+        for example in pool
+        if all(
+            example.count(kind) <= card.media_limits.get(kind, 0)
+            for card in cards
+            for kind in ("image", "video")
+        )
+    )
+
+
+class ExampleShelves:
+    """The examples under a message box, as many blocks as the choices of models can need, the
+    one that fits the models chosen shown (Gradio's examples cannot change their list in place:
+    a click loads an example by its number in the list it was built with)."""
+
+    def __init__(
+        self,
+        box: gr.MultimodalTextbox,
+        choices: Sequence[Sequence[ModelCard]],
+        shown: Sequence[ModelCard],
+        elem_id: str,
+    ) -> None:
+        self.sets: list[tuple[Example, ...]] = []
+        for cards in choices:
+            examples = fitting_examples(cards)
+            if examples and examples not in self.sets:
+                self.sets.append(examples)
+        current = self._best(fitting_examples(shown))
+        self.columns = []
+        for number, examples in enumerate(self.sets):
+            with gr.Column(visible=examples == current, elem_id=f"{elem_id}-{number}") as column:
+                gr.Examples([[example.message()] for example in examples], inputs=[box], label="Examples")
+            self.columns.append(column)
+
+    def _best(self, fitting: tuple[Example, ...]) -> tuple[Example, ...] | None:
+        """The block to show: the one of exactly these examples, else the largest of some of them."""
+        if fitting in self.sets:
+            return fitting
+        inside = [examples for examples in self.sets if set(examples) <= set(fitting)]
+        return max(inside, key=len) if inside and fitting else None
+
+    def show(self, cards: Sequence[ModelCard]) -> list[gr.Column]:
+        current = self._best(fitting_examples(cards))
+        return [gr.Column(visible=examples == current) for examples in self.sets]

@@ -1,0 +1,56 @@
+"""The page's examples follow the models chosen (app.views.widgets): the seeing demo model is
+offered only the questions it answers, and no model a file kind or count it does not take."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gradio as gr
+
+from app.catalog.cards import load_cards
+from app.demo.seeing_model import seeing_card
+from app.views.widgets import GENERAL_EXAMPLES, SEEING_EXAMPLES, ExampleShelves, fitting_examples
+
+CARDS = load_cards()
+SEEING = seeing_card(CARDS["qwen2_vl"], Path("/nonexistent/seeing"))
+
+
+def texts(cards) -> list[str]:
+    return [example.text for example in fitting_examples(cards)]
+
+
+def test_each_model_is_offered_what_it_can_answer():
+    # The seeing model: its own questions only ("Which bar is the tallest?" got "three").
+    assert texts([SEEING]) == [
+        e.text for e in SEEING_EXAMPLES if e.count("video") <= SEEING.media_limits.get("video", 0)
+    ]
+    assert "Which bar is the tallest?" not in texts([SEEING])
+    # Pictures and a clip: every general example; pictures only: no clip; one picture: no pair.
+    assert texts([CARDS["qwen2_vl"]]) == [e.text for e in GENERAL_EXAMPLES]
+    assert "Describe how the ball moves." not in texts([CARDS["llava"]])
+    assert "Compare these two pictures." in texts([CARDS["llava"]])
+    assert texts([CARDS["pixtral_hf"]]) == [
+        "What shapes do you see, and what colour is each?",
+        "Which bar is the tallest?",
+    ]
+    # Several models (compare, arena): what every one of them takes.
+    assert texts([CARDS["qwen2_vl"], CARDS["pixtral_hf"]]) == texts([CARDS["pixtral_hf"]])
+    assert texts([SEEING, CARDS["llava"]]) == [e.text for e in SEEING_EXAMPLES if not e.count("video")]
+    assert texts([]) == []
+
+
+def test_the_shelf_shown_follows_the_models_chosen():
+    with gr.Blocks():
+        box = gr.MultimodalTextbox()
+        choices = [[SEEING], [CARDS["qwen2_vl"]], [CARDS["llava"]], [CARDS["pixtral_hf"]]]
+        shelves = ExampleShelves(box, choices, [SEEING], "test-examples")
+    assert len(shelves.sets) == 4 and len(shelves.columns) == 4
+    assert [column.visible for column in shelves.columns] == [True, False, False, False]
+
+    def shown(cards) -> list[bool]:
+        return [column.visible for column in shelves.show(cards)]
+
+    assert shown([CARDS["llava"]]) == [False, False, True, False]
+    # A combination no shelf was built for: the largest shelf of examples every model takes.
+    assert shown([CARDS["llava"], CARDS["qwen2_vl"], CARDS["smolvlm"]]) == [False, False, True, False]
+    assert shown([]) == [False] * 4
