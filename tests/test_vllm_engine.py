@@ -15,6 +15,15 @@ from app.engines.vllm_engine import VllmEngineFactory, explain_build_error
 CARDS = load_cards()
 
 
+def test_a_cpu_engines_need_counts_its_cache_of_processed_media():
+    """vLLM keeps processed pictures in the engine's process, up to APP_MEDIA_CACHE_BYTES: on the
+    CPU backend that is the same RAM the scheduler's budget counts."""
+    card = CARDS["qwen2_vl"]
+    small = VllmEngineFactory(Settings(gpu_count=0, media_cache_bytes="0")).memory_need(card)
+    big = VllmEngineFactory(Settings(gpu_count=0, media_cache_bytes="1GiB")).memory_need(card)
+    assert big.per_device - small.per_device == 2**30
+
+
 def test_cpu_engines_are_eager_with_a_bounded_kv_cache():
     args = VllmEngineFactory(Settings(gpu_count=0, cpu_kv_cache_bytes=2**28)).engine_args(CARDS["qwen2_vl"])
     assert args["enforce_eager"] is True and args["kv_cache_memory_bytes"] == 2**28

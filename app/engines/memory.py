@@ -455,6 +455,7 @@ def estimate_need(
     cpu_kv_cache_bytes: int = 0,
     facts: ModelFacts | None = None,
     chat_context: int | None = None,
+    media_cache_bytes: int = 0,
 ) -> MemoryNeed:
     """The footprint of `card`'s engine. `folder` is the model's local copy where there is one;
     `facts`, what was read of a Hub model (its cache, or the Hub itself) where there is none;
@@ -486,11 +487,12 @@ def estimate_need(
             weights_from = "a default for unknown models"
     weights_known = weights_from.startswith(("safetensors", "config"))
     if not on_gpu:
-        # The CPU backend's KV cache is the fixed size the app gives it.
+        # The CPU backend's KV cache is the fixed size the app gives it; the engine process also
+        # keeps vLLM's cache of processed pictures and videos, up to its bound, in the same RAM.
         return MemoryNeed(
             weights,
             cpu_kv_cache_bytes,
-            CPU_ENGINE_OVERHEAD_BYTES,
+            CPU_ENGINE_OVERHEAD_BYTES + media_cache_bytes,
             1,
             weights_from,
             "the CPU KV cache setting",

@@ -134,6 +134,7 @@ class VllmEngineFactory:
                 cpu_kv_cache_bytes=self._settings.cpu_kv_cache_bytes,
                 facts=facts,
                 chat_context=self._settings.chat_context,
+                media_cache_bytes=self._settings.media_cache_bytes,
             )
         except Exception:
             # Files that cannot be read as expected must not stop the scheduling of every model.

@@ -5,6 +5,7 @@ and the steps from a user's message to a measured reply. Nothing here lays out a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -109,6 +110,10 @@ class Playground:
         # Who signed in, where the operator turned sign-in on (`app.views.accounts`).
         self.sign_in = SignIn(settings.sign_in, settings.sign_in_header, settings.trusted_proxies)
         self.loop: asyncio.AbstractEventLoop | None = None
+        # Gradio's queue, and the sessions it held empty at the last housekeeping round.
+        self._gradio_queue: Any = None
+        self._gradio_loop: asyncio.AbstractEventLoop | None = None
+        self._empty_sessions: set[str] = set()
         self._housekeeping_stop = threading.Event()
         self._housekeeping: threading.Thread | None = None
         # What must happen to each tab's conversation before its files go at exit (the history
@@ -119,6 +124,8 @@ class Playground:
         """One round of what nobody's click does: tabs unused past the time-to-live go, and so do
         stored media files past the history's retention (their thumbnails stay)."""
         self.sessions.sweep()
+        if self._gradio_loop is not None and self._gradio_queue is not None:
+            self._gradio_loop.call_soon_threadsafe(self._prune_finished_sessions)
         if self.history is not None:
             expired = self.history.expire_media()
             if expired:
@@ -167,6 +174,20 @@ class Playground:
         if failure is not None:
             raise failure
 
+    def _prune_finished_sessions(self) -> None:
+        """Gradio 6.31 keeps an entry in `Queue.pending_event_ids_session` for every session it
+        has seen, emptied once the session's events are delivered but never dropped: about 2.7 KB
+        for each `/chat` call by a script (`bench/bench_visitors.py`). On the server's loop, where
+        Gradio changes it: entries empty at this round and the last are dropped (one that a new
+        event fills again meanwhile is kept; Gradio makes a new entry for a session it lacks)."""
+        pending = getattr(self._gradio_queue, "pending_event_ids_session", None)
+        if not isinstance(pending, dict):
+            return
+        empty = {session for session, ids in pending.items() if not ids}
+        for session in empty & self._empty_sessions:
+            pending.pop(session, None)
+        self._empty_sessions = empty - self._empty_sessions
+
     def forget_api_session(self, request: Any) -> None:
         """Ends what Gradio keeps for an API call's session (a `gr.Request`; None when called
         in-process). Gradio keeps a copy of the page's configuration for every session (about
@@ -175,7 +196,12 @@ class Playground:
         server grew by that much a call. The API endpoints keep nothing there; a page's own
         session (one attached to a visit) is left alone."""
         session_hash = getattr(request, "session_hash", None)
-        holder = getattr(getattr(getattr(request, "request", None), "app", None), "state_holder", None)
+        app = getattr(getattr(request, "request", None), "app", None)
+        holder = getattr(app, "state_holder", None)
+        if self._gradio_queue is None and hasattr(app, "get_blocks"):
+            with contextlib.suppress(RuntimeError):  # the server's loop, where Gradio's queue lives
+                self._gradio_loop = asyncio.get_running_loop()
+                self._gradio_queue = getattr(app.get_blocks(), "_queue", None)
         if not session_hash or holder is None or self.sessions.attached(session_hash):
             return
         with holder.lock:
