@@ -15,7 +15,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from app.domain.conversation import MAX_VERSIONS, ConversationError, Session, Turn
+from app.domain.conversation import MAX_VERSION_DEPTH, MAX_VERSIONS, ConversationError, Session, Turn
 from app.domain.replies import Reply
 from app.domain.sessions import Visit
 from app.storage.history import ConversationRecord, TurnRecord
@@ -275,3 +275,34 @@ def test_a_place_takes_a_bounded_number_of_versions() -> None:
     with pytest.raises(ConversationError, match=f"has {MAX_VERSIONS} versions already"):
         session.branch(0, answered("one too many"))
     assert len(session.turns[0].versions.tails) == MAX_VERSIONS  # type: ignore[union-attr]
+
+
+def test_versions_nest_no_deeper_than_an_import_may_hold(tmp_path: Path) -> None:
+    """An edit inside a branch that an edit made, 64 times over: one more is refused in one line,
+    so every chat stored loads back (an import holds at most as many levels; deeper ones, about
+    255, did not load)."""
+    from app.storage.history import History, ImportLimits, sqlite_url
+
+    assert ImportLimits().version_depth == MAX_VERSION_DEPTH
+    session = Session()
+    for level in range(MAX_VERSION_DEPTH):
+        session.turns.append(answered(f"m{level}"))
+        session.branch(level, answered(f"edit {level}"))
+    session.turns.append(answered("deeper"))
+    with pytest.raises(ConversationError, match=f"versions within versions {MAX_VERSION_DEPTH} deep"):
+        session.branch(MAX_VERSION_DEPTH, answered("one level too deep"))
+    # A place that has versions already takes more of them (no deeper).
+    session.branch(MAX_VERSION_DEPTH - 1, answered("another edit"))
+    # Back to the first version at every place, deepest first: the record nests 64 levels, and
+    # it is stored, read back, exported and imported.
+    for level in reversed(range(MAX_VERSION_DEPTH)):
+        session.switch(level, 0)
+    record, files, _ = record_of(session, "chat", "m", "")
+    assert ImportLimits._version_depth(record.turns) == MAX_VERSION_DEPTH
+    history = History(sqlite_url(tmp_path), tmp_path / "media")
+    try:
+        history.save("browser", record, files)
+        assert history.load("browser", session.conversation_id).turns == record.turns
+        history.import_json("another browser", history.export("browser", session.conversation_id))
+    finally:
+        history.close()

@@ -48,6 +48,9 @@ SESSION_FOLDER_PREFIX = f"{SESSION_FOLDER_ROOT}{os.getpid()}-"
 
 # Versions of one place in a chat (edits and regenerated answers): every save stores them all.
 MAX_VERSIONS = 20
+# Versions within versions (an edit in a branch that an edit made): as deep as an import may
+# be (`app.storage.history.ImportLimits.version_depth`), so that every chat stored loads back.
+MAX_VERSION_DEPTH = 64
 
 
 class ConversationError(ValueError):
@@ -194,6 +197,13 @@ class Session:
         the turns that followed it, stays reachable (`switch`)."""
         shown = self.turns[position]
         versions = shown.versions or Versions(tails=[[shown]])
+        # Each earlier place with versions holds this one inside one of its versions.
+        depth = 1 + sum(1 for earlier in self.turns[:position] if earlier.versions is not None)
+        if shown.versions is None and depth > MAX_VERSION_DEPTH:
+            raise ConversationError(
+                f"This chat has versions within versions {MAX_VERSION_DEPTH} deep: edit an earlier "
+                "message, or start a new chat."
+            )
         if len(versions.tails) >= MAX_VERSIONS:
             raise ConversationError(
                 f"Message {position + 1} has {MAX_VERSIONS} versions already: pick one under "
