@@ -54,3 +54,12 @@ def test_the_shelf_shown_follows_the_models_chosen():
     # A combination no shelf was built for: the largest shelf of examples every model takes.
     assert shown([CARDS["llava"], CARDS["qwen2_vl"], CARDS["smolvlm"]]) == [False, False, True, False]
     assert shown([]) == [False] * 4
+
+
+def test_the_arena_offers_what_two_of_its_models_take():
+    """On a GPU box a model of videos alone is in the arena's pool: examples every model takes
+    were none at all; a battle draws two models that take the message's files."""
+    pool = [CARDS["llava-next-video"], CARDS["qwen2_vl"], CARDS["llava"]]
+    assert texts(pool) == []
+    two = [example.text for example in fitting_examples(pool, enough=2)]
+    assert "Which bar is the tallest?" in two and "Describe how the ball moves." in two

@@ -33,6 +33,17 @@ CARDS = load_cards()
 GB = 10**9
 
 
+@pytest.fixture(autouse=True)
+def _forget_contexts():
+    """Sizing a card on a GPU registers the context its engine will get (app.engines.tokens):
+    forgotten after each test, so that other tests' size checks see the cards' own."""
+    from app.engines.tokens import register_context
+
+    yield
+    for key in CARDS:
+        register_context(key, None)
+
+
 def test_parameter_counts_are_read_from_repository_names():
     assert parameters_from_name("Qwen/Qwen2-VL-7B-Instruct") == 7
     assert parameters_from_name("HuggingFaceTB/SmolVLM2-2.2B-Instruct") == 2.2
@@ -326,6 +337,12 @@ def test_the_chat_context_never_lets_the_kv_reserve_outweigh_the_weights():
     assert chat_length(phi, config, weights, 2048) == 4096  # never below the card's own
     assert chat_length(phi, None, weights, 16384) == 4096  # no config: the card's
     assert chat_length(phi, {**config, "max_position_embeddings": 4096}, weights, 16384) == 4096
+    # Its real config scales rope the long way past 4,096 tokens (every sequence then uses the
+    # long factors, which vLLM warns degrade short ones): it keeps 4,096.
+    longrope = {**config, "rope_scaling": {"type": "longrope"}, "original_max_position_embeddings": 4096}
+    assert native_context(longrope) == 4096 and chat_length(phi, longrope, weights, 16384) == 4096
+    # A tokenizer's limit counts as vLLM counts it.
+    assert native_context({**config, "model_max_length": 8192}) == 8192
     # A card that leaves the length to vLLM gets a chat-sized one, not the model's whole context.
     paligemma = CARDS["paligemma"]
     assert paligemma.max_model_len is None
@@ -430,3 +447,48 @@ def test_a_sleeping_engines_shutdown_waits_only_for_what_it_still_holds(monkeypa
     asyncio.run(engine.sleep())
     asyncio.run(engine.shutdown())
     assert waited == {1: 3 * GB}
+
+
+def test_the_chat_context_is_cut_to_what_fits_the_gpu_and_registered_before_the_build(
+    tmp_path: Path, monkeypatch
+):
+    """Qwen2-VL 7B on a 24 GB card (21.6 GB budget): 16,384 tokens for 5 sequences would need
+    24.5 GB and the model would be refused; it keeps the card's 4,096 (8,192 would need 22.2 GB).
+    On a 26 GB card it gets 8,192. The size check uses that context from the first message on,
+    before any engine is built."""
+    from app.engines.tokens import context_length, register_context
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    card = CARDS["qwen2_vl"]
+    config = {"text_config": {**text_config(3584, 28, 28, 4), "max_position_embeddings": 32768}}
+    index = {"metadata": {"total_size": 16_582_751_232}, "weight_map": {}}
+    _hub_cache(
+        tmp_path,
+        card.hf_repo,
+        {"config.json": json.dumps(config), "model.safetensors.index.json": json.dumps(index)},
+    )
+    roomy = VllmEngineFactory(Settings(gpu_count=1, hf_cache=tmp_path), device_totals=[80 * 10**9])
+    assert roomy.memory_need(card).context_tokens == 16384
+    small = VllmEngineFactory(Settings(gpu_count=1, hf_cache=tmp_path), device_totals=[24 * 10**9])
+    need = small.memory_need(card)
+    assert need.context_tokens == 4096 and need.per_device <= small.capacity().device_budgets[0]
+    factory = VllmEngineFactory(Settings(gpu_count=1, hf_cache=tmp_path), device_totals=[26 * 10**9])
+    try:
+        need = factory.memory_need(card)
+        assert need.context_tokens == 8192 and need.per_device <= factory.capacity().device_budgets[0]
+        assert context_length(card) == 8192
+    finally:
+        register_context(card.key, None)
+
+
+def test_a_context_vllm_refuses_is_retried_at_the_cards_own():
+    from app.engines.vllm_engine import _longer_than_derived
+
+    card = CARDS["qwen2_vl"]
+    refusal = ValueError(
+        "User-specified max_model_len (16384) is greater than the derived max_model_len "
+        "(max_position_embeddings=8192 in model's config.json)."
+    )
+    assert _longer_than_derived(refusal, {"max_model_len": 16384}, card)
+    assert not _longer_than_derived(refusal, {"max_model_len": 4096}, card)  # the card's own
+    assert not _longer_than_derived(RuntimeError("CUDA out of memory"), {"max_model_len": 16384}, card)

@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -409,21 +410,36 @@ CONTEXT_KEYS = (
 
 
 def native_context(config: dict[str, Any]) -> int | None:
-    """The context the model was made for, as its config states it (the text model's part)."""
+    """The context the model was made for, as its text model's config states it, read as vLLM
+    derives its limit: the smallest of the keys it reads (`model_max_length` too), and for
+    Phi-3's long-rope scaling the original context (above it vLLM switches every sequence to the
+    long factors, which it warns degrade short ones)."""
     text = _text_model(config)
-    found = [int(v) for k in CONTEXT_KEYS if isinstance(v := text.get(k, config.get(k)), int) and v > 0]
+    keys = (*CONTEXT_KEYS, "model_max_length")
+    found = [int(v) for k in keys if isinstance(v := text.get(k), int) and v > 0]
+    rope = text.get("rope_scaling") or text.get("rope_parameters") or {}
+    if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")) in ("longrope", "su"):
+        key = "original_max_position_embeddings"
+        original = text.get(key) or rope.get(key)
+        if isinstance(original, int) and original > 0:
+            found.append(original)
     return min(found) if found else None
 
 
 def chat_length(
-    card: ModelCard, config: dict[str, Any] | None, weights_bytes: int, wanted: int
+    card: ModelCard,
+    config: dict[str, Any] | None,
+    weights_bytes: int,
+    wanted: int,
+    fits: Callable[[int], bool] | None = None,
 ) -> int | None:
     """The `max_model_len` a chat gets on a GPU: `wanted` tokens (APP_CHAT_CONTEXT) where the
     model's config allows them, halved while the KV reserve for them would outweigh the weights
-    (a model without grouped-query attention: Phi-3.5-vision's 16,384 tokens would take 12 GiB),
+    (a model without grouped-query attention: Phi-3.5-vision's 16,384 tokens would take 12 GiB)
+    or the engine would not `fits` the GPU's budget at that length (a 7B model on a 24 GB card),
     never fewer than the card's own (the references' single-image examples), nor, for a card
     that leaves the length to vLLM, than 4,096 (vLLM would take the model's whole context). The
-    card's where there is no config."""
+    card's where there is no config, or the config states no context."""
     own = card.max_model_len
     native = native_context(config) if config is not None else None
     if config is None or native is None:
@@ -433,7 +449,8 @@ def chat_length(
     length = min(native, wanted)
     while length > floor:
         per_sequence = kv_bytes_per_sequence(config, length, kv_dtype_bytes(card))
-        if per_sequence is not None and per_sequence * sequences <= weights_bytes:
+        small = per_sequence is not None and per_sequence * sequences <= weights_bytes
+        if small and (fits is None or fits(length)):
             return length
         length //= 2
     return floor
@@ -456,10 +473,12 @@ def estimate_need(
     facts: ModelFacts | None = None,
     chat_context: int | None = None,
     media_cache_bytes: int = 0,
+    device_budget: int | None = None,
 ) -> MemoryNeed:
     """The footprint of `card`'s engine. `folder` is the model's local copy where there is one;
     `facts`, what was read of a Hub model (its cache, or the Hub itself) where there is none;
-    `chat_context`, the context a chat gets on a GPU where the config allows (`chat_length`)."""
+    `chat_context`, the context a chat gets on a GPU where the config allows (`chat_length`) and
+    the engine still fits `device_budget`, the bytes engines may take of one GPU."""
     args = card.engine_args
     folder = folder or (Path(args["model"]) if Path(str(args.get("model", ""))).is_absolute() else None)
     if folder is not None:
@@ -498,33 +517,46 @@ def estimate_need(
             "the CPU KV cache setting",
             from_files=weights_known,
         )
-    context = chat_length(card, config, weights, chat_context) if chat_context else card.max_model_len
-    length = context or DEFAULT_MAX_MODEL_LEN
     sequences = int(args.get("max_num_seqs") or DEFAULT_MAX_NUM_SEQS)
     batched = int(args.get("max_num_batched_tokens") or DEFAULT_MAX_NUM_BATCHED_TOKENS)
-    per_sequence = kv_bytes_per_sequence(config, length, kv_dtype_bytes(card), batched) if config else None
-    kv_from, reserve = "config.json", (per_sequence or 0) * sequences
     devices = card.gpus_needed
     # Tensor parallelism splits the KV cache by heads; where there are fewer KV heads than GPUs
     # (or one latent vector) vLLM keeps copies, so each GPU holds at least one head's share.
-    layout = kv_layout(config) if per_sequence is not None and config is not None else None
+    layout = kv_layout(config) if config is not None else None
     kv_devices = min(devices, layout.kv_heads) if layout is not None else devices
-    if per_sequence is None:
-        # A guess: one full-length sequence at a per-token size that covers the catalog's models
-        # without grouped-query attention (vLLM refuses an engine that cannot hold one); vLLM then
-        # sizes the cache itself within the engine's share, so more sequences fit where the model
-        # needs less.
-        per_token = min(MAX_GUESSED_KV_BYTES_PER_TOKEN, int(weights * KV_BYTES_PER_TOKEN_PER_WEIGHT_BYTE))
-        reserve = max(1, per_token) * length
-        kv_from = "a guess for one sequence (no config at hand)"
-    return MemoryNeed(
-        weights,
-        reserve,
-        GPU_ENGINE_OVERHEAD_BYTES,
-        devices,
-        weights_from,
-        kv_from,
-        from_files=weights_known and kv_from == "config.json",
-        context_tokens=context,
-        kv_devices=kv_devices,
-    )
+
+    def need_at(context: int | None) -> MemoryNeed:
+        length = context or DEFAULT_MAX_MODEL_LEN
+        per_sequence = (
+            kv_bytes_per_sequence(config, length, kv_dtype_bytes(card), batched) if config else None
+        )
+        kv_from, reserve = "config.json", (per_sequence or 0) * sequences
+        if per_sequence is None:
+            # A guess: one full-length sequence at a per-token size that covers the catalog's
+            # models without grouped-query attention (vLLM refuses an engine that cannot hold
+            # one); vLLM then sizes the cache itself within the engine's share, so more sequences
+            # fit where the model needs less.
+            per_token = min(MAX_GUESSED_KV_BYTES_PER_TOKEN, int(weights * KV_BYTES_PER_TOKEN_PER_WEIGHT_BYTE))
+            reserve = max(1, per_token) * length
+            kv_from = "a guess for one sequence (no config at hand)"
+        return MemoryNeed(
+            weights,
+            reserve,
+            GPU_ENGINE_OVERHEAD_BYTES,
+            devices,
+            weights_from,
+            kv_from,
+            from_files=weights_known and kv_from == "config.json",
+            context_tokens=context,
+            kv_devices=kv_devices if per_sequence is not None else devices,
+        )
+
+    context = card.max_model_len
+    if chat_context:
+        budget = device_budget
+
+        def fits(length: int) -> bool:
+            return budget is None or need_at(length).per_device <= budget
+
+        context = chat_length(card, config, weights, chat_context, fits)
+    return need_at(context)

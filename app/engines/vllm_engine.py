@@ -90,6 +90,8 @@ class VllmEngineFactory:
         self._cache_facts: dict[str, tuple[ModelFacts | None, float]] = {}
         # What each model's last build took on its busiest GPU, measured: rebuilds ask vLLM for it.
         self._measured: dict[str, int] = {}
+        # The context each model's engine was built with (the registry holds it from then on).
+        self._built_context: dict[str, int] = {}
 
     def device_totals(self) -> list[int]:
         """Each visible GPU's memory (NVML), or the machine's RAM where there is no GPU."""
@@ -127,7 +129,7 @@ class VllmEngineFactory:
         on_gpu = self._settings.gpu_count > 0
         try:
             facts = None if folder is not None else self._facts(card)
-            return estimate_need(
+            need = estimate_need(
                 card,
                 folder,
                 on_gpu=on_gpu,
@@ -135,11 +137,26 @@ class VllmEngineFactory:
                 facts=facts,
                 chat_context=self._settings.chat_context,
                 media_cache_bytes=self._settings.media_cache_bytes,
+                device_budget=self._smallest_budget(card) if on_gpu else None,
             )
+            if need.context_tokens is not None and card.key not in self._built_context:
+                # The size check and the page count with the context the engine will be built
+                # with, before its first build (a build registers what it really got).
+                register_context(card.key, need.context_tokens)
+            return need
         except Exception:
             # Files that cannot be read as expected must not stop the scheduling of every model.
             log.warning("sizing %s from its files failed; sized from its card", card.key, exc_info=True)
             return estimate_need(card, None, on_gpu, self._settings.cpu_kv_cache_bytes)
+
+    def _smallest_budget(self, card: ModelCard) -> int | None:
+        """What an engine may take of the smallest GPU it could be placed on (None where the
+        GPUs' memory cannot be read)."""
+        try:
+            budgets = sorted(self.capacity().device_budgets)
+        except Exception:
+            return None
+        return budgets[0] if budgets else None
 
     def _facts(self, card: ModelCard) -> ModelFacts | None:
         """A Hub model's facts: the Hugging Face cache's (its config, and its weights where they
@@ -240,7 +257,18 @@ class VllmEngineFactory:
         try:
             engine = await asyncio.to_thread(_start_async_llm, args, self._visible(devices))
         except Exception as error:
-            raise EngineError(explain_build_error(card, error)) from error
+            if not _longer_than_derived(error, args, card):
+                raise EngineError(explain_build_error(card, error)) from error
+            # vLLM derives the model's context from its config in ways the app's reading can
+            # miss (class defaults, tokenizer limits): the chat-sized context goes, the card's stays.
+            log.warning(
+                "%s refused %s tokens of context; built with its card's", card.key, args["max_model_len"]
+            )
+            args["max_model_len"] = card.max_model_len
+            try:
+                engine = await asyncio.to_thread(_start_async_llm, args, self._visible(devices))
+            except Exception as again:
+                raise EngineError(explain_build_error(card, again)) from again
         report("loading the chat template")
         try:
             owner = await asyncio.to_thread(_chat_template_owner, engine, card, args)
@@ -262,7 +290,8 @@ class VllmEngineFactory:
         counter = PromptCounter(card, tokenizer, owner)
         # From now on the size check counts with the engine's own tokenizer, within its context.
         register_counter(card.key, counter)
-        register_context(card.key, engine.vllm_config.model_config.max_model_len)
+        self._built_context[card.key] = engine.vllm_config.model_config.max_model_len
+        register_context(card.key, self._built_context[card.key])
         return VllmEngine(engine, owner, lora, footprint, counter)
 
     def _physical(self, devices: tuple[int, ...]) -> list[int]:
@@ -782,6 +811,15 @@ def wait_for_memory_freed(
             )
             return False
         time.sleep(0.2)
+
+
+def _longer_than_derived(error: BaseException, args: Mapping[str, Any], card: ModelCard) -> bool:
+    """Whether vLLM refused a chat-sized `max_model_len` as longer than the model's own (and the
+    card's own length is shorter, so a rebuild with it can work)."""
+    own = card.max_model_len
+    asked = args.get("max_model_len")
+    text = str(error)
+    return bool(own and asked and asked > own and "max_model_len" in text and "derived" in text)
 
 
 def _unreachable(error: BaseException) -> bool:

@@ -285,9 +285,10 @@ class ArenaView:
             )
         shown = gr.Markdown(elem_id="arena-reveal")
         box = message_box("arena-input", "A message for both models (text, images or a clip)")
-        # The examples every model a battle may draw can answer.
+        # The examples two models a battle may draw can answer (a battle draws two that take the
+        # message's files; on a GPU box some models take no pictures at all).
         pool = [self.playground.choices[key].card for key in self.pool]
-        ExampleShelves(box, [pool], pool, "arena-examples")
+        ExampleShelves(box, [pool], pool, "arena-examples", enough=2)
         new = gr.Button("New battle", elem_id="arena-new", size="sm")
         asked = box.submit(
             self.ask,

@@ -117,22 +117,21 @@ GENERAL_EXAMPLES = (
 )
 
 
-def fitting_examples(cards: Sequence[ModelCard]) -> tuple[Example, ...]:
-    """The examples every one of `cards` can answer: the seeing model's own questions where it is
-    among them, else the general ones; each only where every card takes its kinds of file and as
-    many of them in one prompt (no clip for a model of pictures, no two pictures for a model of
-    one)."""
+def fitting_examples(cards: Sequence[ModelCard], enough: int | None = None) -> tuple[Example, ...]:
+    """The examples `enough` of `cards` (default: every one) can answer: the seeing model's own
+    questions where it is among them, else the general ones; each only where those cards take its
+    kinds of file and as many of them in one prompt (no clip for a model of pictures, no two
+    pictures for a model of one)."""
     if not cards:
         return ()
     pool = SEEING_EXAMPLES if any(card.key == SEEING_KEY for card in cards) else GENERAL_EXAMPLES
+    kinds = ("image", "video")
+    needed = len(cards) if enough is None else enough
     return tuple(
         example
         for example in pool
-        if all(
-            example.count(kind) <= card.media_limits.get(kind, 0)
-            for card in cards
-            for kind in ("image", "video")
-        )
+        if sum(all(example.count(kind) <= card.media_limits.get(kind, 0) for kind in kinds) for card in cards)
+        >= needed
     )
 
 
@@ -147,13 +146,15 @@ class ExampleShelves:
         choices: Sequence[Sequence[ModelCard]],
         shown: Sequence[ModelCard],
         elem_id: str,
+        enough: int | None = None,
     ) -> None:
+        self.enough = enough
         self.sets: list[tuple[Example, ...]] = []
         for cards in choices:
-            examples = fitting_examples(cards)
+            examples = fitting_examples(cards, enough)
             if examples and examples not in self.sets:
                 self.sets.append(examples)
-        current = self._best(fitting_examples(shown))
+        current = self._best(fitting_examples(shown, enough))
         self.columns = []
         for number, examples in enumerate(self.sets):
             with gr.Column(visible=examples == current, elem_id=f"{elem_id}-{number}") as column:
@@ -168,5 +169,5 @@ class ExampleShelves:
         return max(inside, key=len) if inside and fitting else None
 
     def show(self, cards: Sequence[ModelCard]) -> list[gr.Column]:
-        current = self._best(fitting_examples(cards))
+        current = self._best(fitting_examples(cards, self.enough))
         return [gr.Column(visible=examples == current) for examples in self.sets]

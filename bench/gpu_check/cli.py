@@ -48,7 +48,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import engines
+from . import common, engines
 from .common import choose_pair, describe_model, fitted_utilization, log
 from .dry_run import dry_run
 from .engine_check import PHASES, run_check
@@ -102,6 +102,9 @@ def main() -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if args.verbose else "WARNING")
 
     total = Gpu.get().total()
+    capability = Gpu.get().capability()
+    if capability is not None and capability < (8, 0):
+        common.DTYPE = "float16"  # vLLM refuses bfloat16 below compute capability 8.0
     specs = choose_pair(total)
     folders = write_model_folders(models_dir, specs)
     models = {}
@@ -120,7 +123,10 @@ def main() -> None:
         "mode": "engine check",
         "meta": meta,
         "models": {
-            role: {**describe_model(m.spec, m.folder, m.util), "weights": m.load_format}
+            role: {
+                **describe_model(m.spec, m.folder, m.util),
+                "weights": "dummy" if m.load_format == "dummy" else "real",
+            }
             for role, m in models.items()
         },
         **result,

@@ -48,6 +48,12 @@ PROMPT = (
 # when they run): engine arguments applied over the check's own, and the GPU count the manager's
 # settings are given.
 ENGINE_OVERRIDES: dict[str, Any] = {}
+# The engines' dtype: bfloat16, or float16 on GPUs older than compute capability 8.0 (a T4 or a
+# V100, where vLLM refuses bfloat16); the command line sets it from the GPU.
+DTYPE = "bfloat16"
+# The image processor's pixel range for every engine, written in the folders and passed to vLLM
+# (a cached real model's own processor would let an image reach 16,384 tokens).
+PIXELS = {"min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS}
 MANAGER_GPU_COUNT = 1
 
 

@@ -38,7 +38,8 @@ def engine_args(
     args = {
         "model": str(folder),
         "load_format": load_format,
-        "dtype": "bfloat16",
+        "dtype": common.DTYPE,
+        "mm_processor_kwargs": dict(common.PIXELS),
         "enforce_eager": False,
         "enable_sleep_mode": True,
         "gpu_memory_utilization": util,

@@ -153,7 +153,8 @@ def model_card(spec: ModelSpec, folder: Path, load_format: str = "dummy") -> Any
         reference_engine_args={
             "model": str(folder),
             "load_format": load_format,
-            "dtype": "bfloat16",
+            "dtype": common.DTYPE,
+            "mm_processor_kwargs": dict(common.PIXELS),
             "max_model_len": MAX_MODEL_LEN,
             "max_num_seqs": MAX_NUM_SEQS,
             "limit_mm_per_prompt": {"image": 1},

@@ -113,6 +113,13 @@ class Gpu:
     def used(self) -> int:
         return int(self._nvml.nvmlDeviceGetMemoryInfo(self.handle).used)
 
+    def capability(self) -> tuple[int, int] | None:
+        """The GPU's CUDA compute capability (8.0 and up takes bfloat16)."""
+        with contextlib.suppress(Exception):
+            major, minor = self._nvml.nvmlDeviceGetCudaComputeCapability(self.handle)
+            return int(major), int(minor)
+        return None
+
     def processes(self) -> int | None:
         with contextlib.suppress(Exception):
             return len(self._nvml.nvmlDeviceGetComputeRunningProcesses(self.handle))

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from . import common
-from .common import gib
+from .common import MAX_MODEL_LEN, gib
 from .engines import picture, request_ids
 from .folders import model_card
 from .machine import gpu_used, wait_for_memory
@@ -31,6 +31,8 @@ async def manager_swap(plan: Plan) -> dict[str, Any]:
     cards = {m.spec.key: model_card(m.spec, m.folder, m.load_format) for m in models.values()}
     settings = Settings(
         gpu_count=common.MANAGER_GPU_COUNT,
+        # The cards' own context, as every other phase builds them (not a chat-sized one).
+        chat_context=MAX_MODEL_LEN,
         max_resident=1,
         quantum_s=0.0,
         idle_unload_s=0.0,
