@@ -10,8 +10,8 @@ the model is built. The figure has three parts:
   count in the repository's name (`7B`, `2.2B`, `800m`) at the bytes per parameter of its dtype;
 - the KV cache reserve: `max_num_seqs` sequences of `max_model_len` tokens, each layer of the
   text model counted as vLLM allocates it (key and value heads times head size, one latent
-  vector for multi-head latent attention, the window plus one step's tokens for sliding-window
-  layers), at the KV cache's dtype. Without a config the reserve is one full-length sequence at
+  vector for multi-head latent attention, the window plus two steps' tokens for sliding-window
+  layers, whole blocks), at the KV cache's dtype. Without a config the reserve is one full-length sequence at
   a size per token that covers models without grouped-query attention, and vLLM sizes the cache
   itself within the engine's share;
 - an engine overhead per GPU (CUDA context, activations, CUDA graphs): a stated conservative
@@ -448,12 +448,17 @@ def chat_length(
     sequences = int(card.engine_args.get("max_num_seqs") or DEFAULT_MAX_NUM_SEQS)
     length = min(native, wanted)
     while length > floor:
-        per_sequence = kv_bytes_per_sequence(config, length, kv_dtype_bytes(card))
+        per_sequence = kv_bytes_per_sequence(config, length, kv_dtype_bytes(card), batched_tokens(card))
         small = per_sequence is not None and per_sequence * sequences <= weights_bytes
         if small and (fits is None or fits(length)):
             return length
         length //= 2
     return floor
+
+
+def batched_tokens(card: ModelCard) -> int:
+    """The most tokens one engine step takes (`max_num_batched_tokens`), the card's or a default."""
+    return int(card.engine_args.get("max_num_batched_tokens") or DEFAULT_MAX_NUM_BATCHED_TOKENS)
 
 
 def kv_dtype_bytes(card: ModelCard) -> int:
@@ -490,8 +495,7 @@ def estimate_need(
         # A local folder without weights (vLLM's dummy weights) is the model its config says
         # (the count leaves out mixture-of-experts layers: not for a Hub model, which has the
         # card's figure or its name); elsewhere the card's figure or the repository's name.
-        local = folder is not None and config is not None
-        params = parameters_from_config(config) if local and config is not None else None
+        params = parameters_from_config(config) if folder is not None and config is not None else None
         weights_from = "config.json's parameters" if params else ""
         if not params and card.parameters_b:
             params, weights_from = card.parameters_b, "the card's parameters_b"
@@ -518,7 +522,7 @@ def estimate_need(
             from_files=weights_known,
         )
     sequences = int(args.get("max_num_seqs") or DEFAULT_MAX_NUM_SEQS)
-    batched = int(args.get("max_num_batched_tokens") or DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    batched = batched_tokens(card)
     devices = card.gpus_needed
     # Tensor parallelism splits the KV cache by heads; where there are fewer KV heads than GPUs
     # (or one latent vector) vLLM keeps copies, so each GPU holds at least one head's share.
@@ -553,10 +557,9 @@ def estimate_need(
 
     context = card.max_model_len
     if chat_context:
-        budget = device_budget
 
         def fits(length: int) -> bool:
-            return budget is None or need_at(length).per_device <= budget
+            return device_budget is None or need_at(length).per_device <= device_budget
 
         context = chat_length(card, config, weights, chat_context, fits)
     return need_at(context)

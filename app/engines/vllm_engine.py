@@ -137,7 +137,7 @@ class VllmEngineFactory:
                 facts=facts,
                 chat_context=self._settings.chat_context,
                 media_cache_bytes=self._settings.media_cache_bytes,
-                device_budget=self._smallest_budget(card) if on_gpu else None,
+                device_budget=self._smallest_budget() if on_gpu else None,
             )
             if need.context_tokens is not None and card.key not in self._built_context:
                 # The size check and the page count with the context the engine will be built
@@ -149,7 +149,7 @@ class VllmEngineFactory:
             log.warning("sizing %s from its files failed; sized from its card", card.key, exc_info=True)
             return estimate_need(card, None, on_gpu, self._settings.cpu_kv_cache_bytes)
 
-    def _smallest_budget(self, card: ModelCard) -> int | None:
+    def _smallest_budget(self) -> int | None:
         """What an engine may take of the smallest GPU it could be placed on (None where the
         GPUs' memory cannot be read)."""
         try:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.engines.vllm_engine import wait_for_exit
+from app.engines.vllm_engine import engine_process_ids, wait_for_exit
 
 from . import common
 from .common import IMAGE_SIDE, MAX_MODEL_LEN, MAX_NUM_SEQS, PROMPT, gib
@@ -111,13 +111,6 @@ async def answer(engine: Any, tokens: int) -> dict[str, Any]:
         "tokens": len(completion.token_ids),
         "_token_ids": list(completion.token_ids),
     }
-
-
-def engine_process_ids(engine: Any) -> list[int]:
-    """The engine core's processes, found as `app.engines.vllm_engine.VllmEngine` finds them."""
-    resources = getattr(engine.engine_core, "resources", None)
-    processes = getattr(getattr(resources, "engine_manager", None), "processes", [])
-    return [p.pid for p in processes if p.pid is not None]
 
 
 async def stop(engine: Any, memory_target: int | None) -> dict[str, Any]:
