@@ -8,11 +8,11 @@ from pathlib import Path
 import gradio as gr
 
 from app.catalog.cards import load_cards
-from app.demo.seeing_model import seeing_card
+from app.demo.seeing_model import BASE_CARD, seeing_card
 from app.views.widgets import GENERAL_EXAMPLES, SEEING_EXAMPLES, ExampleShelves, fitting_examples
 
 CARDS = load_cards()
-SEEING = seeing_card(CARDS["qwen2_vl"], Path("/nonexistent/seeing"))
+SEEING = seeing_card(CARDS[BASE_CARD], Path("/nonexistent/seeing"))
 
 
 def texts(cards) -> list[str]:

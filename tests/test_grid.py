@@ -25,7 +25,7 @@ import pytest
 from app.catalog.cards import ModelCard, load_cards
 from app.config import Settings
 from app.demo.models import SEEING_FOLDER
-from app.demo.seeing_model import SEEING_KEY, seeing_card
+from app.demo.seeing_model import BASE_CARD, SEEING_KEY, seeing_card
 from app.domain.grid import (
     GridRun,
     from_json,
@@ -138,7 +138,7 @@ def decoder() -> Iterator[VideoDecoderPool]:
 
 @pytest.fixture(scope="module")
 def cards(tiny_cards: dict[str, ModelCard]) -> dict[str, ModelCard]:
-    return {SEEING_KEY: seeing_card(load_cards()["qwen2_vl"], SEEING_FOLDER), TWIN: tiny_cards[TWIN]}
+    return {SEEING_KEY: seeing_card(load_cards()[BASE_CARD], SEEING_FOLDER), TWIN: tiny_cards[TWIN]}
 
 
 def test_checking_lists_missing_broken_and_outside_files_and_each_models_limits(

@@ -28,7 +28,7 @@ from simulated_gpu import (
 from app.catalog.cards import load_cards
 from app.config import Settings
 from app.demo.models import SEEING_FOLDER
-from app.demo.seeing_model import SEEING_KEY, seeing_card
+from app.demo.seeing_model import BASE_CARD, SEEING_KEY, seeing_card
 from app.engines.base import EngineEvents, SamplingSettings, StreamEnd
 from app.engines.manager import EngineManager
 from app.engines.metrics import EngineMetrics
@@ -130,7 +130,7 @@ def test_builds_wakes_sleeps_waits_and_answers_are_counted_with_their_simulated_
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Playground, str]]:
     settings = Settings(gpu_count=0, port=free_port(), metrics=True, default_model=SEEING_KEY)
-    cards = {SEEING_KEY: seeing_card(load_cards()["qwen2_vl"], SEEING_FOLDER)}
+    cards = {SEEING_KEY: seeing_card(load_cards()[BASE_CARD], SEEING_FOLDER)}
     manager = EngineManager(cards, settings, VllmEngineFactory(settings))
     decoder = VideoDecoderPool(workers=1)
     data = tmp_path_factory.mktemp("metrics")

@@ -201,6 +201,15 @@ def test_the_seeing_demo_model_answers_about_the_picture_sent_in_the_page_and_th
     poll(lambda: page.locator("#chat-input textarea").input_value() == "What shape is it?")
     page.press("#chat-input textarea", "Enter")
     assert wait_for_answer(page, timeout_s=180).strip() == "triangle"
+    # It points: asked where a shape is, it answers with a box, which the chat draws on the picture.
+    page.click("#clear")
+    poll(lambda: user_messages(page) == 0)
+    page.get_by_text("Where is the red circle?", exact=True).first.click()
+    poll(lambda: page.locator("#chat-input textarea").input_value() == "Where is the red circle?")
+    page.press("#chat-input textarea", "Enter")
+    assert '"label": "red circle"' in wait_for_answer(page, timeout_s=180)
+    poll(lambda: page.get_by_text("The 1 box this answer names", exact=False).count() > 0, 60)
+    assert page.locator("#chat .boxes img").first.is_visible()
     page.click("#clear")
     poll(lambda: user_messages(page) == 0)
     send(page, "What colour is the shape?", [pictures["red"]])

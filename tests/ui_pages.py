@@ -24,7 +24,7 @@ from ports import free_port
 from app.catalog.cards import ModelCard, load_cards
 from app.config import Settings
 from app.demo.models import SEEING_FOLDER
-from app.demo.seeing_model import SEEING_KEY, seeing_card
+from app.demo.seeing_model import BASE_CARD, SEEING_KEY, seeing_card
 from app.engines.base import SamplingSettings
 from app.engines.manager import EngineManager
 from app.engines.vllm_engine import VllmEngineFactory
@@ -101,7 +101,7 @@ def serve(
         GREEDY: tiny_cards["tiny-a"].model_copy(
             update={"key": GREEDY, "display_name": "Greedy twin", "sampling_defaults": greedy}
         ),
-        SEEING_KEY: seeing_card(load_cards()["qwen2_vl"], SEEING_FOLDER),
+        SEEING_KEY: seeing_card(load_cards()[BASE_CARD], SEEING_FOLDER),
         **load_cards(),
     }
     factory = RecordingFactory(settings)

@@ -61,11 +61,11 @@ def twin_card(card: ModelCard, folder: Path, key: str | None = None) -> ModelCar
 def demo_cards(cards: dict[str, ModelCard], root: Path) -> dict[str, ModelCard]:
     """The demo models' cards: the seeing model, and the twins built into `root` once (about a
     second each)."""
-    from app.demo.seeing_model import seeing_card
+    from app.demo.seeing_model import BASE_CARD, seeing_card
     from app.demo.twins import build_twin  # transformers is imported only here
 
     twins = {key: twin_card(cards[of], build_twin(cards[of], root), key) for key, of in DEMO_TWINS.items()}
-    return {SEEING_KEY: seeing_card(cards["qwen2_vl"], SEEING_FOLDER), **twins}
+    return {SEEING_KEY: seeing_card(cards[BASE_CARD], SEEING_FOLDER), **twins}
 
 
 def use_local_vllm_environment(scratch: Path, environ: MutableMapping[str, str] = os.environ) -> None:

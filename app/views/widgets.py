@@ -104,6 +104,8 @@ class Example:
 SEEING_EXAMPLES = (
     Example("What shape is it?", ("one_shape.png",)),
     Example("Which side of the picture is the shape on?", ("one_shape.png",)),
+    Example("Describe the picture.", ("three_shapes.png",)),
+    Example("Where is the red circle?", ("three_shapes.png",)),
     Example("How many shapes are there?", ("three_shapes.png",)),
     Example("What colour is the shape in the second picture?", ("one_shape.png", "green_square.png")),
     Example("What colour does the clip end with?", ("colour_change.mp4",)),

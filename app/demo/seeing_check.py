@@ -1,0 +1,90 @@
+"""The seeing demo model asked about picture files it never saw, drawn by another hand: the
+foreign set (`tests/data/foreign-shapes/`, drawn with OpenCV by `scripts/make_foreign_eval.py`,
+which shares no code with the training generator `app.demo.shapes`) and the README's example
+`static/examples/shapes.png`. Each file goes through the app's own path to the model: kept and
+loaded by `app.domain.conversation` (EXIF, modes, JPEG), rendered by the card's prompt format,
+answered by the engine manager. Issue 29: the model scored 99-100% on its own generator's
+pictures and 7/12 on someone else's; this is the number that says whether it sees shapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.demo.seeing_model import ask, right_answer
+from app.domain.conversation import Session, engine_messages, make_turn
+from app.engines.manager import EngineManager
+from app.media.loading import VideoDecoderPool
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "static" / "examples"
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question about one or more files, of a kind (colour, shape, side, count...), with
+    the expected answer (a word, a phrase, a sentence or a box)."""
+
+    kind: str
+    text: str
+    answer: str
+    files: tuple[Path, ...]
+
+
+def foreign_set(folder: Path) -> list[Question]:
+    """The questions of a set written by `scripts/make_foreign_eval.py` (`answers.json`)."""
+    rows = json.loads((Path(folder) / "answers.json").read_text())
+    return [Question(r["kind"], r["question"], r["answer"], (Path(folder) / r["file"],)) for r in rows]
+
+
+def readme_example() -> list[Question]:
+    """The README's example picture: a red circle, a blue square and a green triangle (drawn by
+    `scripts/make_examples.py`, not by the training generator). The model answered "two"."""
+    picture = (EXAMPLES / "shapes.png",)
+    return [
+        Question("readme", "How many shapes are there?", "three", picture),
+        Question("readme", "How many things are in the picture?", "three", picture),
+        Question("readme", "how many shapes do you see", "three", picture),
+    ]
+
+
+async def answer_files(
+    manager: EngineManager, key: str, decoder: VideoDecoderPool, question: Question, frames: int = 8
+) -> str:
+    """The model's answer to `question`, its files sent as a user's are (one turn, a fresh session)."""
+    session = Session()
+    try:
+        turn, clip = await make_turn(
+            session, question.text, [str(f) for f in question.files], decoder, frames
+        )
+        messages = await engine_messages([turn], None, decoder, frames, {turn.video: clip} if clip else None)
+        return await ask(manager, key, messages)
+    finally:
+        session.close()
+
+
+async def answers(
+    manager: EngineManager, key: str, decoder: VideoDecoderPool, questions: list[Question]
+) -> list[str]:
+    """The model's answer to each of `questions`, asked at once."""
+    return list(await asyncio.gather(*(answer_files(manager, key, decoder, q) for q in questions)))
+
+
+def tally(questions: list[Question], said: list[str]) -> dict[str, tuple[int, int]]:
+    """(right, asked) per kind, in the order the kinds first come."""
+    result: dict[str, tuple[int, int]] = {}
+    for question, answer in zip(questions, said, strict=True):
+        right, asked = result.get(question.kind, (0, 0))
+        result[question.kind] = (right + right_answer(question.kind, question.answer, answer), asked + 1)
+    return result
+
+
+def wrong_answers(questions: list[Question], said: list[str]) -> list[str]:
+    """A line for each wrong answer, for a report."""
+    return [
+        f"{q.files[0].name}: {q.text!r} -> {answer!r}, expected {q.answer!r}"
+        for q, answer in zip(questions, said, strict=True)
+        if not right_answer(q.kind, q.answer, answer)
+    ]

@@ -1,0 +1,176 @@
+"""The seeing model's training pictures (`app.demo.shapes`) vary the way issue 29 asks, with
+answers that match what is drawn; and the foreign evaluation set is drawn by other code."""
+
+from __future__ import annotations
+
+import ast
+import colorsys
+import json
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.demo import shapes
+from app.demo.shapes import SHADES, Drawn, example, picture, random_shapes, scene, shade
+
+ROOT = Path(__file__).resolve().parent.parent
+FOREIGN = ROOT / "tests" / "data" / "foreign-shapes"
+
+
+@pytest.mark.parametrize("colour", list(SHADES))
+def test_shades_stay_in_their_colours_ranges(colour: str):
+    (hue_low, hue_high), (sat_low, sat_high), (light_low, light_high) = SHADES[colour]
+    rng = random.Random(1)
+    for _ in range(200):
+        red, green, blue = (c / 255 for c in shade(rng, colour))
+        hue, light, saturation = colorsys.rgb_to_hls(red, green, blue)
+        assert light_low - 0.01 <= light <= light_high + 0.01
+        if colour != "black":
+            degrees = hue * 360 if hue * 360 >= hue_low - 1 else hue * 360 + 360  # red wraps round 0
+            assert hue_low - 1 <= degrees <= hue_high + 1
+            assert sat_low - 0.02 <= saturation <= sat_high + 0.02
+
+
+def test_shapes_in_one_picture_never_overlap_and_each_is_where_its_box_says():
+    """Each shape's pixels (`owner`) are its own, inside its box, and differ from the background
+    where it is filled."""
+    rng = random.Random(2)
+    for _ in range(120):
+        found = scene(rng, random_shapes(rng, rng.randint(1, 3)))
+        assert found.owner.shape == (found.image.height, found.image.width)
+        for index, (left, top, right, bottom) in enumerate(found.boxes):
+            ys, xs = np.nonzero(found.owner == index + 1)
+            assert len(xs) > 0, "a shape hidden by another"
+            assert (
+                left - 1 <= xs.min()
+                and xs.max() <= right + 1
+                and top - 1 <= ys.min()
+                and ys.max() <= bottom + 1
+            )
+        # No two boxes' shapes share a pixel: each pixel has one owner, and every shape kept its own.
+        assert set(np.unique(found.owner)) == set(range(len(found.shapes) + 1))
+
+
+def test_a_lone_shapes_place_and_side_are_where_its_pixels_are():
+    rng = random.Random(3)
+    for kind in ["side"] * 40 + ["where"] * 40:
+        item = example(rng, kind)
+        found = item.scene
+        if not item.images:  # a follow-up: the picture was in the earlier turn
+            continue
+        ys, xs = np.nonzero(found.owner)
+        x, y = xs.mean() / found.image.width, ys.mean() / found.image.height
+        if kind == "side":
+            assert (x < 0.5) == (item.answer == "left"), (item.answer, x)
+        else:
+            dx, dy = x - 0.5, y - 0.5
+            expected = {"left": dx < -0.1, "right": dx > 0.1, "top": dy < -0.1, "bottom": dy > 0.1}
+            assert expected.get(item.answer, max(abs(dx), abs(dy)) < 0.12), (item.answer, x, y)
+
+
+def test_pictures_vary_in_size_aspect_background_and_encoding():
+    rng = random.Random(4)
+    scenes = [scene(rng, random_shapes(rng, 1)) for _ in range(150)]
+    images = [s.image for s in scenes]
+    ratios = [i.width / i.height for i in images]
+    assert min(ratios) < 0.6 and max(ratios) > 1.7
+    sizes = [(s.boxes[0][2] - s.boxes[0][0]) / min(s.image.size) for s in scenes]
+    assert min(sizes) < 0.25 and max(sizes) > 0.75
+    assert {s.background for s in scenes} == set(shapes.BACKGROUND_WORDS)
+    corners = [np.asarray(i)[0, 0].astype(int) for i in images]
+    assert any(c.sum() < 200 for c in corners) and any(c.sum() == 765 for c in corners)
+    assert any(len(np.unique(np.asarray(i).reshape(-1, 3), axis=0)) > 1000 for i in images)  # noise, JPEG
+
+
+def test_questions_are_worded_as_people_ask():
+    rng = random.Random(5)
+    asked = {example(rng, "colour").question for _ in range(300)}
+    assert any("color" in q for q in asked) and any("colour" in q for q in asked)
+    assert any(not q.endswith("?") for q in asked) and any(q[0].islower() for q in asked)
+    assert "What colour is it?" in asked or "What color is it?" in asked
+
+
+def test_every_kind_has_an_answer_that_matches_its_picture():
+    rng = random.Random(6)
+    for _ in range(30):
+        counted = example(rng, "colour count")
+        colour = next(c for c in shapes.COLOURS if c in counted.question)
+        assert counted.answer == shapes.COUNTS[sum(d.colour == colour for d in counted.scene.shapes)]
+        bigger = example(rng, "bigger")
+        areas = [bigger.scene.area(i) for i in range(2)]
+        big = bigger.scene.shapes[int(areas[1] > areas[0])]
+        assert bigger.answer == f"the {big.colour} {big.shape}" and max(areas) > 1.5 * min(areas)
+        described = example(rng, "describe")
+        assert all(f"{d.colour} {d.shape}" in described.answer for d in described.scene.shapes)
+        boxed = example(rng, "box")
+        numbers = [int(n) for n in re.search(r'"bbox_2d": \[([^\]]*)\]', boxed.answer)[1].split(",")]
+        named = next(i for i, d in enumerate(boxed.scene.shapes) if f"{d.colour} {d.shape}" in boxed.question)
+        ys, xs = np.nonzero(boxed.scene.owner == named + 1)
+        width, height = boxed.scene.image.size
+        truth = [xs.min() / width, ys.min() / height, xs.max() / width, ys.max() / height]
+        assert all(abs(n / 1000 - t) < 0.04 for n, t in zip(numbers, truth, strict=True)), (numbers, truth)
+
+
+def test_a_description_goes_from_left_to_right():
+    rng = random.Random(7)
+    for _ in range(40):
+        item = example(rng, "describe")
+        if "on the left" not in item.answer:
+            continue
+        centres = {f"{d.colour} {d.shape}": item.scene.centre(i)[0] for i, d in enumerate(item.scene.shapes)}
+        said = re.findall(r"(\w+ \w+) (?:on the|in the) (left|middle|right)", item.answer)
+        xs = [centres[name] for name, _ in said]
+        assert xs == sorted(xs), item.answer
+
+
+def test_clips_change_colour_or_move_as_their_answer_says():
+    rng = random.Random(8)
+    frames = shapes.clip(rng, "red", "blue")
+    first, last = frames[0].astype(int), frames[-1].astype(int)
+    assert (frames[0] == frames[1]).all() and (frames[-1] == frames[-2]).all()
+    changed = np.abs(first - last).sum(-1) > 60
+    assert 0 < changed.mean() < 0.9  # the shape changed colour, the background did not
+    for way in ("left to right", "right to left"):
+        moving = shapes.clip(rng, "green", "green", moving=way)
+        centres = []
+        for frame in moving:
+            darker = np.abs(frame.astype(int) - frame[0, 0].astype(int)).sum(-1) > 80
+            centres.append(np.nonzero(darker)[1].mean())
+        assert centres == sorted(centres, reverse=way == "right to left"), (way, centres)
+
+
+def test_the_tidy_picture_is_the_first_versions():
+    image = picture(random.Random(1), [Drawn("red", "circle", "left")], (200, 150))
+    assert image.getpixel((0, 0)) == shapes.BACKGROUND and image.getpixel((50, 75)) == shapes.COLOURS["red"]
+
+
+def test_the_foreign_set_is_drawn_by_other_code_and_small():
+    """It shares no code with the training generator, has every kind, and stays small."""
+    script = ROOT / "scripts" / "make_foreign_eval.py"
+    imported = {
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(ast.parse(script.read_text()))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+    assert not any(name and name.startswith("app") for name in imported), imported
+    rows = json.loads((FOREIGN / "answers.json").read_text())
+    kinds = {
+        "colour",
+        "shape",
+        "side",
+        "count",
+        "where",
+        "bigger",
+        "colour count",
+        "background",
+        "describe",
+        "box",
+    }
+    assert {row["kind"] for row in rows} == kinds
+    assert all((FOREIGN / row["file"]).is_file() for row in rows)
+    assert {Path(row["file"]).suffix for row in rows} == {".png", ".jpg"}
+    assert sum(f.stat().st_size for f in FOREIGN.iterdir()) < 2_500_000
