@@ -294,11 +294,12 @@ def test_vllm_sockets_fit_however_deep_the_apps_folder_is(tmp_path: Path):
     from app.demo.models import use_local_vllm_environment
 
     short = Path(tempfile.mkdtemp(prefix="vllm-test-"))
-    for scratch in (short, tmp_path / ("deep-" * 20) / "vllm"):
+    # The app's folder for vLLM does not exist before its first engine: vLLM binds its socket
+    # there without making it (the first build of a fresh `python -m app eval` failed so).
+    for scratch in (short / "fresh" / "vllm", tmp_path / ("deep-" * 20) / "vllm"):
         environ: dict[str, str] = {}
         use_local_vllm_environment(scratch, environ)
         folder = Path(environ["VLLM_RPC_BASE_PATH"])
-        folder.mkdir(parents=True, exist_ok=True)
         with socket.socket(socket.AF_UNIX) as server:
             server.bind(str(folder / str(uuid.uuid4())))  # as vLLM names its sockets
         assert environ["VLLM_CACHE_ROOT"].startswith(str(scratch))

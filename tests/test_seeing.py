@@ -36,7 +36,7 @@ FOREIGN = Path(__file__).resolve().parent / "data" / "foreign-shapes"
 # Issue 29 is not done: these kinds are below the floor (docs/BENCHMARKS.md has the figures).
 # They are held to it in the strict xfail tests below, which fail as soon as the model reaches
 # it, so that this set shrinks to nothing.
-BELOW_FLOOR = frozenset({"shape", "side", "where", "count", "colour count", "bigger", "describe", "box"})
+BELOW_FLOOR = frozenset({"shape", "count", "where", "colour count", "bigger", "describe", "box"})
 
 
 COMMITTED = "committed"  # the weights in the repository, which the app serves
@@ -120,7 +120,8 @@ def test_held_out_accuracy_of_the_kinds_below_the_floor_reaches_it(held_out: dic
 
 
 def test_the_committed_weights_the_app_serves_see_too(loop, manager: EngineManager):
-    scores = loop.run(accuracy(manager, COMMITTED, PER_KIND // 4, seed=11))
+    scores = loop.run(accuracy(manager, COMMITTED, PER_KIND // 2, seed=11))
+    print("committed weights:", {kind: f"{score:.0%}" for kind, score in scores.items()})
     assert all(score >= FLOOR for kind, score in scores.items() if kind not in BELOW_FLOOR), scores
 
 
@@ -164,19 +165,31 @@ def test_the_kinds_below_the_floor_reach_it_on_pictures_drawn_by_another_hand(fo
     assert all(scores[kind][0] >= FLOOR * scores[kind][1] for kind in BELOW_FLOOR if kind in scores), wrong
 
 
-def test_it_points_with_a_box_the_chat_can_draw(loop, manager, decoder, tmp_path: Path):
-    """Asked where a shape is, it answers in its card's grounding syntax, which the chat reads
-    into a box on the picture (`app.media.grounding`) over the shape's pixels (within a tenth
-    of the picture's side)."""
+def pointed(loop, manager, decoder, tmp_path: Path) -> tuple[str, list, tuple[int, ...]]:
+    """Its answer to "Where is the blue square?" about a tidy picture of two shapes, the boxes the
+    chat's grounding code reads from it (in the picture's pixels), and the square's true box."""
     path = tmp_path / "two.png"
     drawn = picture(random.Random(1), [Drawn("red", "circle"), Drawn("blue", "square")], (300, 150))
     drawn.save(path)
     said = answer(loop, manager, decoder, [("Where is the blue square?", [path])])
     card = seeing_card(load_cards()[BASE_CARD], Path("unused"))
-    boxes = image_boxes(card, said, drawn.size)
-    assert len(boxes) == 1 and boxes[0].label == "blue square", said
     ys, xs = np.nonzero((np.asarray(drawn) == COLOURS["blue"]).all(-1))
-    truth = (xs.min(), ys.min(), xs.max(), ys.max())
+    return said, image_boxes(card, said, drawn.size), (xs.min(), ys.min(), xs.max(), ys.max())
+
+
+def test_it_points_with_a_box_the_chat_can_draw(loop, manager, decoder, tmp_path: Path):
+    """Asked where a shape is, it answers in its card's grounding syntax (Qwen3-VL's JSON), which
+    the chat reads into one box on the picture, labelled with the shape it was asked about."""
+    said, boxes, _ = pointed(loop, manager, decoder, tmp_path)
+    assert len(boxes) == 1 and boxes[0].label == "blue square", said
+
+
+@pytest.mark.xfail(
+    strict=True, reason="issue 29 item 4: its boxes are not yet where the shape is (BENCHMARKS.md)"
+)
+def test_its_box_is_over_the_shape(loop, manager, decoder, tmp_path: Path):
+    """Within a tenth of the picture's side of the shape's pixels."""
+    said, boxes, truth = pointed(loop, manager, decoder, tmp_path)
     box = boxes[0].ordered()
     found = (box.x1, box.y1, box.x2, box.y2)
     assert all(

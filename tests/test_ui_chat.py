@@ -207,9 +207,11 @@ def test_the_seeing_demo_model_answers_about_the_picture_sent_in_the_page_and_th
     page.get_by_text("Where is the red circle?", exact=True).first.click()
     poll(lambda: page.locator("#chat-input textarea").input_value() == "Where is the red circle?")
     page.press("#chat-input textarea", "Enter")
-    assert '"label": "red circle"' in wait_for_answer(page, timeout_s=180)
+    # The drawn picture follows the answer as a message of its own.
+    poll(lambda: any('"label": "red circle"' in shown for shown in bot_messages(page)), 180)
     poll(lambda: page.get_by_text("The 1 box this answer names", exact=False).count() > 0, 60)
-    assert page.locator("#chat .boxes img").first.is_visible()
+    # The picture sent and the one with the box drawn on it.
+    poll(lambda: page.locator("#chat img").count() >= 2 and page.locator("#chat img").last.is_visible(), 30)
     page.click("#clear")
     poll(lambda: user_messages(page) == 0)
     send(page, "What colour is the shape?", [pictures["red"]])

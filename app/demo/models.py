@@ -99,6 +99,8 @@ def socket_folder(scratch: Path) -> Path:
     """`scratch` where vLLM's socket names fit under it, else a private folder of the system's
     temporary folder (a deep home, a long `APP_DEMO_DIR`, a test's own temporary folder)."""
     if len(os.fsencode(scratch.resolve())) <= SOCKET_FOLDER_MAX_BYTES:
+        # vLLM binds its sockets here without making the folder.
+        scratch.mkdir(parents=True, exist_ok=True)
         return scratch
     folder = Path(tempfile.mkdtemp(prefix="vllm-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)  # the engines are gone by then
