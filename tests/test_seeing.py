@@ -18,7 +18,7 @@ from PIL import Image
 
 from app.catalog.cards import ModelCard, load_cards
 from app.config import Settings
-from app.demo.seeing_check import answers, foreign_set, readme_example, tally, wrong_answers
+from app.demo.seeing_check import FOREIGN_KINDS, answers, foreign_set, readme_example, tally, wrong_answers
 from app.demo.seeing_model import BASE_CARD, SEEING_KEY, accuracy, ask, build_seeing_model, seeing_card
 from app.demo.shapes import BACKGROUND, COLOURS, Drawn, picture
 from app.domain.conversation import Session, engine_messages, make_turn
@@ -141,19 +141,7 @@ def foreign(
 def test_the_committed_weights_see_pictures_drawn_by_another_hand(foreign):
     """Issue 29: right on its own generator's pictures, wrong on other people's."""
     scores, wrong = foreign
-    kinds = {
-        "colour",
-        "shape",
-        "side",
-        "count",
-        "where",
-        "bigger",
-        "colour count",
-        "background",
-        "describe",
-        "box",
-    }
-    assert set(scores) == kinds | {"readme"}
+    assert set(scores) == FOREIGN_KINDS | {"readme"}
     assert all(
         right >= FLOOR * asked for kind, (right, asked) in scores.items() if kind not in BELOW_FLOOR
     ), wrong

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from app.demo import shapes
+from app.demo.seeing_check import FOREIGN_KINDS
 from app.demo.shapes import SHADES, Drawn, example, picture, random_shapes, scene, shade
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -158,19 +159,7 @@ def test_the_foreign_set_is_drawn_by_other_code_and_small():
     }
     assert not any(name and name.startswith("app") for name in imported), imported
     rows = json.loads((FOREIGN / "answers.json").read_text())
-    kinds = {
-        "colour",
-        "shape",
-        "side",
-        "count",
-        "where",
-        "bigger",
-        "colour count",
-        "background",
-        "describe",
-        "box",
-    }
-    assert {row["kind"] for row in rows} == kinds
+    assert {row["kind"] for row in rows} == FOREIGN_KINDS
     assert all((FOREIGN / row["file"]).is_file() for row in rows)
     assert {Path(row["file"]).suffix for row in rows} == {".png", ".jpg"}
     assert sum(f.stat().st_size for f in FOREIGN.iterdir()) < 2_500_000

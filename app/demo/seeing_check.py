@@ -20,6 +20,10 @@ from app.engines.manager import EngineManager
 from app.media.loading import VideoDecoderPool
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "static" / "examples"
+# The kinds of question the foreign set asks (`scripts/make_foreign_eval.py` writes them).
+FOREIGN_KINDS = frozenset(
+    {"colour", "shape", "side", "count", "where", "bigger", "colour count", "background", "describe", "box"}
+)
 
 
 @dataclass(frozen=True)
