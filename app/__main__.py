@@ -2,8 +2,9 @@
 `eval`: runs a prompt set across models into a report, `app.evaluate`).
 
 Every model card is loaded and validated first (a bad card stops it with the file name). On a
-machine that can serve none of the catalog (no GPU, no remote engine), random-weight twins of two
-real cards (`app.demo.models`) are built locally so that the interface still works; the UI labels them so.
+machine that can serve none of the catalog (no GPU, no remote engine), it serves the demo models
+(`app.demo.models`): two tiny models trained here on drawings of shapes (weights in the
+repository), and random-weight twins of two real cards built locally, which the UI labels so.
 
 SIGTERM (how Docker and Hugging Face stop a container) and SIGINT (Ctrl-C) stop it within 30 s
 (`SHUTDOWN_TIMEOUT_S`): answers are cut off, the engines are shut down, then the web server; any
@@ -297,7 +298,7 @@ def print_catalog(cards: dict[str, ModelCard], settings: Settings, available_onl
     offered_text = f", {len(offer) - len(demo)} offered (APP_MODELS)" if settings.models else ""
     print(
         f"\n{len(cards)} model cards{offered_text}"
-        + (f" and {len(demo)} demo models (random-weight twins, APP_DEMO_MODELS)" if demo else "")
+        + (f" and {len(demo)} demo models (APP_DEMO_MODELS)" if demo else "")
         + f"; {served} can be served here. This machine has {settings.gpu_count} GPU(s), remote code "
         f"{'allowed' if settings.allow_remote_code else 'not allowed'} (APP_ALLOW_REMOTE_CODE)."
     )

@@ -400,11 +400,12 @@ class Settings(BaseSettings):
             group="web",
         ),
     ] = ()
-    # Random-weight twins of two cards for trying the interface; None: only when nothing else is servable.
+    # The demo models (two trained on shapes here, two random-weight twins) for trying the
+    # interface; None: only when nothing else is servable.
     demo_models: Annotated[
         bool | None,
         Doc(
-            "offer random-weight twins of two cards",
+            "offer the demo models (two trained on shapes here, two random-weight twins)",
             FLAG,
             default="when nothing else is servable",
             group="web",
@@ -499,7 +500,7 @@ class Settings(BaseSettings):
         Doc(
             "card keys the arena draws its two models from, separated by commas",
             "card keys separated by commas",
-            default="every model served here",
+            default="every model served here but those with random weights",
             metavar="KEYS",
             group="arena",
         ),

@@ -1,11 +1,14 @@
-"""Trains the seeing demo model into `static/seeing-model` (the weights the app serves), from
-the fixed seed in `app.demo.seeing_model`, then reports its accuracy per question kind on held-out
-questions through the real vLLM engine:
+"""Trains a seeing demo model into the folder the app serves it from, from its fixed seed, then
+reports its accuracy per question kind on held-out questions, the foreign set and the README's
+example, through the real vLLM engine:
 
-    .venv/bin/python scripts/train_seeing_model.py [--out DIR] [--per-kind N]
+    .venv/bin/python scripts/train_seeing_model.py [--model first|second] [--out DIR] [--per-kind N]
 
-About 9 minutes on two CPU cores, and a minute to evaluate. The tests train it again from the
-same code and check that the result still answers right (`tests/test_seeing.py`).
+`first` (the default): the tiny Qwen3-VL of `app.demo.seeing_model`, into `static/seeing-model`
+(about 29 minutes on two CPU cores). `second`: the tiny LLaVA-1.5 of `app.demo.seeing_llava`,
+into `static/seeing-model-llava` (about 15 minutes). Evaluating takes a minute or two. The tests
+train again from the same code where the committed weights' stamp no longer matches it
+(`tests/test_seeing.py`, `tests/test_seeing_second.py`).
 """
 
 from __future__ import annotations
@@ -17,30 +20,65 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.catalog.cards import load_cards  # noqa: E402
-from app.demo.models import SEEING_FOLDER, use_local_vllm_environment  # noqa: E402
+from app.catalog.cards import ModelCard, load_cards  # noqa: E402
+from app.demo import seeing_llava, seeing_model  # noqa: E402
+from app.demo.models import SECOND_FOLDER, SEEING_FOLDER, use_local_vllm_environment  # noqa: E402
 from app.demo.seeing_check import answers, foreign_set, readme_example, tally, wrong_answers  # noqa: E402
-from app.demo.seeing_model import (  # noqa: E402
-    BASE_CARD,
-    SEEING_KEY,
-    STEPS,
-    Steps,
-    accuracy,
-    build_seeing_model,
-    seeing_card,
-)
+from app.demo.seeing_model import Steps  # noqa: E402
 
 # Not training's seed, nor the tests': questions about pictures no run has seen.
 EVALUATION_SEED = 31
 FOREIGN = ROOT / "tests" / "data" / "foreign-shapes"
 
 
-def evaluate(folder: Path, per_kind: int) -> None:
+@dataclass(frozen=True)
+class Recipe:
+    """One seeing model: its key, the catalog card it takes its format from, how its card is
+    made, how it is trained, its steps, where the app serves it from, and its held-out test."""
+
+    key: str
+    base: str
+    card: Callable[[ModelCard, Path], ModelCard]
+    build: Callable[..., Path]
+    steps: Steps
+    folder: Path
+    accuracy: Callable[..., Any]
+    kinds: tuple[str, ...]
+
+
+RECIPES = {
+    "first": Recipe(
+        seeing_model.SEEING_KEY,
+        seeing_model.BASE_CARD,
+        seeing_model.seeing_card,
+        seeing_model.build_seeing_model,
+        seeing_model.STEPS,
+        SEEING_FOLDER,
+        seeing_model.accuracy,
+        seeing_model.KINDS,
+    ),
+    "second": Recipe(
+        seeing_llava.SECOND_KEY,
+        seeing_llava.SECOND_BASE_CARD,
+        seeing_llava.second_card,
+        seeing_llava.build_second_model,
+        seeing_llava.SECOND_STEPS,
+        SECOND_FOLDER,
+        seeing_llava.accuracy,
+        seeing_llava.SECOND_KINDS,
+    ),
+}
+
+
+def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
     """The model in `folder` asked `per_kind` held-out questions of each kind, the foreign set and
     the README example, through the app's engine manager and the real vLLM engine (greedy);
     prints the share right per kind, and the foreign set's wrong answers."""
@@ -51,22 +89,22 @@ def evaluate(folder: Path, per_kind: int) -> None:
     from app.media.loading import VideoDecoderPool
 
     settings = Settings(gpu_count=0, cpu_kv_cache_bytes=64 * 2**20)
-    card = seeing_card(load_cards()[BASE_CARD], folder)
+    card = recipe.card(load_cards()[recipe.base], folder)
     decoder = VideoDecoderPool(workers=1)
 
     async def run() -> None:
-        manager = EngineManager({SEEING_KEY: card}, settings, VllmEngineFactory(settings))
+        manager = EngineManager({recipe.key: card}, settings, VllmEngineFactory(settings))
         try:
-            scores = await accuracy(manager, SEEING_KEY, per_kind, EVALUATION_SEED)
+            scores = await recipe.accuracy(manager, recipe.key, per_kind, EVALUATION_SEED)
             print(f"held-out accuracy ({per_kind} questions of each kind, seed {EVALUATION_SEED}):")
             for kind, score in scores.items():
                 print(f"  {kind:12} {score:.0%}")
-            questions = foreign_set(FOREIGN) + readme_example()
-            said = await answers(manager, SEEING_KEY, decoder, questions)
+            asked = [q for q in foreign_set(FOREIGN) if q.kind in recipe.kinds] + readme_example()
+            said = await answers(manager, recipe.key, decoder, asked)
             print(f"foreign set ({FOREIGN.relative_to(ROOT)}) and the README example:")
-            for kind, (right, asked) in tally(questions, said).items():
-                print(f"  {kind:12} {right}/{asked} = {right / asked:.0%}")
-            for line in wrong_answers(questions, said):
+            for kind, (right, count) in tally(asked, said).items():
+                print(f"  {kind:12} {right}/{count} = {right / count:.0%}")
+            for line in wrong_answers(asked, said):
                 print(f"  wrong: {line}")
         finally:
             await manager.close()
@@ -78,28 +116,36 @@ def evaluate(folder: Path, per_kind: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=SEEING_FOLDER, help="where the model goes")
-    parser.add_argument("--vision-steps", type=int, default=STEPS.vision, help="steps of the vision lesson")
-    parser.add_argument("--answer-steps", type=int, default=STEPS.answers, help="steps of the answers lesson")
+    parser.add_argument("--model", choices=sorted(RECIPES), default="first", help="which seeing model")
+    parser.add_argument(
+        "--out", type=Path, help="where the model goes (default: where the app serves it from)"
+    )
+    parser.add_argument("--vision-steps", type=int, help="steps of the vision lesson")
+    parser.add_argument("--answer-steps", type=int, help="steps of the answers lesson")
     parser.add_argument("--per-kind", type=int, default=100, help="held-out questions per kind (0: none)")
     parser.add_argument("--evaluate-only", action="store_true", help="evaluate the model in --out")
     args = parser.parse_args()
+    recipe = RECIPES[args.model]
+    out = args.out or recipe.folder
     if not args.evaluate_only:
         started = time.monotonic()
-        scratch = args.out.parent / f".{args.out.name}-training"
+        scratch = out.parent / f".{out.name}-training"
         shutil.rmtree(scratch, ignore_errors=True)
-        steps = Steps(args.vision_steps, args.answer_steps)
-        folder = build_seeing_model(
-            scratch, load_cards()[BASE_CARD], steps, report=lambda line: print(line, flush=True)
+        steps = Steps(
+            recipe.steps.vision if args.vision_steps is None else args.vision_steps,
+            recipe.steps.answers if args.answer_steps is None else args.answer_steps,
         )
-        shutil.rmtree(args.out, ignore_errors=True)
+        folder = recipe.build(
+            scratch, load_cards()[recipe.base], steps, report=lambda line: print(line, flush=True)
+        )
+        shutil.rmtree(out, ignore_errors=True)
         # With the stamp of the code that made them: the tests use these weights instead of
         # training again until the training or the data generator changes.
-        shutil.copytree(folder, args.out)
+        shutil.copytree(folder, out)
         shutil.rmtree(scratch)
-        print(f"trained in {time.monotonic() - started:.0f} s into {args.out}", flush=True)
+        print(f"trained in {time.monotonic() - started:.0f} s into {out}", flush=True)
     if args.per_kind:
-        evaluate(args.out, args.per_kind)
+        evaluate(recipe, out, args.per_kind)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
-from app.catalog.cards import ModelCard
+from app.catalog.cards import ModelCard, load_cards
 from app.config import Settings
+from app.demo.models import DEMO_TWINS, SEEING_MODELS, with_demo_models
 from app.domain.arena import (
     BLIND_REFUSAL,
     VOTE_WINDOW_S,
@@ -78,6 +79,38 @@ def test_pairs_with_fewer_votes_are_drawn_more_often_and_sides_are_random():
 def test_fewer_than_two_models_is_a_line_not_a_crash():
     with pytest.raises(ArenaError, match="needs two models"):
         draw_pair(["m0"], {}, random.Random(0))
+
+
+@pytest.fixture(scope="module")
+def cpu_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """What a machine without a GPU offers: the catalog and the demo models, as `python -m app` has."""
+
+    def playground(**overrides: Any) -> Playground:
+        settings = Settings(**{"gpu_count": 0, **overrides})
+        cards = with_demo_models(load_cards(), settings)
+        return Playground(EngineManager(cards, settings, VllmEngineFactory(settings)), settings, decoder)
+
+    decoder = VideoDecoderPool(workers=1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        yield playground
+    decoder.close()
+
+
+def test_on_a_cpu_box_the_arena_and_compare_offer_the_two_trained_models_not_the_twins(cpu_box):
+    """The arena pitted the seeing model against a twin answering in noise: nothing to judge."""
+    playground = cpu_box()
+    assert set(DEMO_TWINS) <= set(playground.served_models())
+    assert ArenaView(playground, None).pool == list(SEEING_MODELS)
+    assert playground.compare_picks() == list(SEEING_MODELS)
+    # Named by the operator, twins battle; where every model has random weights, all do.
+    named = cpu_box(arena_models=("demo_qwen2_vl", "demo_llava"))
+    assert set(ArenaView(named, None).pool) == {"demo_qwen2_vl", "demo_llava"}
+    noise = cpu_box(load_format="dummy")
+    assert ArenaView(noise, None).pool == noise.served_models()
+    # A GPU box, even with the demo models asked for, picks nothing for the visitor.
+    gpu_box = cpu_box(gpu_count=1, demo_models=True)
+    assert set(SEEING_MODELS) <= set(gpu_box.served_models()) and gpu_box.compare_picks() == []
 
 
 @pytest.mark.parametrize(

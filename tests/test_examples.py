@@ -1,5 +1,6 @@
-"""The page's examples follow the models chosen (app.views.widgets): the seeing demo model is
-offered only the questions it answers, and no model a file kind or count it does not take."""
+"""The page's examples follow the models chosen (app.views.widgets): the seeing demo models are
+offered only the questions they answer, and no model a file kind or count it does not take, nor a
+box it does not write."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from pathlib import Path
 import gradio as gr
 
 from app.catalog.cards import load_cards
+from app.demo.seeing_llava import SECOND_BASE_CARD, second_card
 from app.demo.seeing_model import BASE_CARD, seeing_card
 from app.views.widgets import GENERAL_EXAMPLES, SEEING_EXAMPLES, ExampleShelves, fitting_examples
 
 CARDS = load_cards()
 SEEING = seeing_card(CARDS[BASE_CARD], Path("/nonexistent/seeing"))
+SECOND = second_card(CARDS[SECOND_BASE_CARD], Path("/nonexistent/second"))
 
 
 def texts(cards) -> list[str]:
@@ -25,6 +28,9 @@ def test_each_model_is_offered_what_it_can_answer():
         e.text for e in SEEING_EXAMPLES if e.count("video") <= SEEING.media_limits.get("video", 0)
     ]
     assert "Which bar is the tallest?" not in texts([SEEING])
+    # The second, a LLaVA: its questions too, but no clip (it takes none) and no box (it writes none).
+    assert texts([SECOND]) == [e.text for e in SEEING_EXAMPLES if not e.count("video") and not e.boxes]
+    assert "Where is the red circle?" in texts([SEEING]) and "Where is the red circle?" not in texts([SECOND])
     # Pictures and a clip: every general example; pictures only: no clip; one picture: no pair.
     assert texts([CARDS["qwen2_vl"]]) == [e.text for e in GENERAL_EXAMPLES]
     assert "Describe how the ball moves." not in texts([CARDS["llava"]])
@@ -35,7 +41,8 @@ def test_each_model_is_offered_what_it_can_answer():
     ]
     # Several models (compare, arena): what every one of them takes.
     assert texts([CARDS["qwen2_vl"], CARDS["pixtral_hf"]]) == texts([CARDS["pixtral_hf"]])
-    assert texts([SEEING, CARDS["llava"]]) == [e.text for e in SEEING_EXAMPLES if not e.count("video")]
+    assert texts([SEEING, SECOND]) == texts([SECOND])
+    assert texts([SEEING, CARDS["llava"]]) == texts([SECOND])
     assert texts([]) == []
 
 

@@ -77,9 +77,10 @@ def answer(
     manager: EngineManager,
     decoder: VideoDecoderPool,
     turns: list[tuple[str, list[Path]]],
+    key: str = SEEING_KEY,
 ) -> str:
-    """The model's answer to the last of `turns` (text, files), each file kept and loaded by the
-    app's pipeline; earlier turns are answered first, as in a chat."""
+    """Model `key`'s answer to the last of `turns` (text, files), each file kept and loaded by
+    the app's pipeline; earlier turns are answered first, as in a chat."""
 
     async def chat() -> str:
         session, kept = Session(), []
@@ -88,8 +89,8 @@ def answer(
                 turn, clip = await make_turn(session, text, [str(f) for f in files], decoder, 8)
                 kept.append(turn)
                 messages = await engine_messages(kept, None, decoder, 8, {turn.video: clip} if clip else None)
-                said = await ask(manager, SEEING_KEY, messages)
-                turn.reply = Reply(SEEING_KEY, "seeing", "", answer=said)
+                said = await ask(manager, key, messages)
+                turn.reply = Reply(key, "seeing", "", answer=said)
             return kept[-1].answer
         finally:
             session.close()

@@ -148,6 +148,11 @@ def attach(page: Page, box: str, files: list[Path]) -> None:
 
 
 def send(page: Page, text: str, files: list[Path] = (), box: str = "chat-input") -> None:
+    """Types and sends a message once the box takes one (its Send button is back, with the last
+    update of the handler before): while an event is pending Gradio drops a submit (trigger_mode
+    "once"), and a test sending as the arena's heads said "done", updates earlier, waited for an
+    answer to a message never sent."""
+    poll(lambda: page.locator(f"#{box} button.submit-button").is_visible(), 60)
     if files:
         attach(page, box, list(files))
     page.fill(f"#{box} textarea", text)

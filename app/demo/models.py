@@ -1,8 +1,10 @@
-"""The demo models: random-weight twins of real catalog cards (`app.demo.twins`), so the app runs on a
-machine with no GPU and no weights. Each is the real card (prompt format, media limits, engine
-arguments) served from its twin's folder with vLLM's random weights; the answers are nonsense,
-everything around them is the real model's path. Two prompt formats, so the compare view shows
-two different models.
+"""The demo models, so the app runs on a machine with no GPU and no weights: two tiny models
+trained here on drawings of shapes (`app.demo.seeing_model`, a Qwen3-VL, and
+`app.demo.seeing_llava`, a LLaVA-1.5, smaller), whose weights are in the repository and whose
+answers mean something, and random-weight twins of two catalog cards (`app.demo.twins`). Each
+twin is the real card (prompt format, media limits, engine arguments) served from its twin's
+folder with vLLM's random weights: the answers are nonsense, everything around them is the real
+model's path.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from app.catalog.cards import ModelCard, servable_cards
 from app.config import Settings
+from app.demo.seeing_llava import SECOND_KEY
 from app.demo.seeing_model import SEEING_KEY
 
 # Demo card key -> the catalog card it is a twin of.
@@ -23,8 +26,12 @@ DEMO_TWINS = {"demo_qwen2_vl": "qwen2_vl", "demo_llava": "llava"}
 # The seeing demo model (`app.demo.seeing_model`), trained by `scripts/train_seeing_model.py`; its
 # weights are in the repository (a few MB), so the app starts without training it.
 SEEING_FOLDER = Path(__file__).resolve().parents[2] / "static" / "seeing-model"
-# Every demo model, the one that answers meaningfully first.
-DEMO_MODELS = (SEEING_KEY, *DEMO_TWINS)
+# The second seeing model (`app.demo.seeing_llava`), a tiny LLaVA: compare and the arena pit the two.
+SECOND_FOLDER = Path(__file__).resolve().parents[2] / "static" / "seeing-model-llava"
+# The two trained demo models, the better first: what compare and the arena offer on a CPU box.
+SEEING_MODELS = (SEEING_KEY, SECOND_KEY)
+# Every demo model, those that answer meaningfully first.
+DEMO_MODELS = (*SEEING_MODELS, *DEMO_TWINS)
 
 
 def default_demo_dir() -> Path:
@@ -59,13 +66,18 @@ def twin_card(card: ModelCard, folder: Path, key: str | None = None) -> ModelCar
 
 
 def demo_cards(cards: dict[str, ModelCard], root: Path) -> dict[str, ModelCard]:
-    """The demo models' cards: the seeing model, and the twins built into `root` once (about a
-    second each)."""
+    """The demo models' cards: the two seeing models, and the twins built into `root` once
+    (about a second each)."""
+    from app.demo.seeing_llava import SECOND_BASE_CARD, second_card
     from app.demo.seeing_model import BASE_CARD, seeing_card
     from app.demo.twins import build_twin  # transformers is imported only here
 
     twins = {key: twin_card(cards[of], build_twin(cards[of], root), key) for key, of in DEMO_TWINS.items()}
-    return {SEEING_KEY: seeing_card(cards[BASE_CARD], SEEING_FOLDER), **twins}
+    return {
+        SEEING_KEY: seeing_card(cards[BASE_CARD], SEEING_FOLDER),
+        SECOND_KEY: second_card(cards[SECOND_BASE_CARD], SECOND_FOLDER),
+        **twins,
+    }
 
 
 def use_local_vllm_environment(scratch: Path, environ: MutableMapping[str, str] = os.environ) -> None:
@@ -108,7 +120,7 @@ def socket_folder(scratch: Path) -> Path:
 
 
 def with_demo_models(cards: dict[str, ModelCard], settings: Settings) -> dict[str, ModelCard]:
-    """The catalog, plus the demo models (random-weight twins of real cards) where the settings
+    """The catalog, plus the demo models (the seeing models and the twins) where the settings
     ask for them or where this machine can serve nothing else. Built once into the demo folder."""
     servable = servable_cards(
         offered(cards, settings), settings.gpu_count, settings.allow_remote_code, settings.remote_engines

@@ -59,10 +59,15 @@ class ArenaView:
 
     @property
     def pool(self) -> list[str]:
-        """The models battles are drawn from: the operator's list, else every model served here."""
+        """The models battles are drawn from: the operator's list, else every model served here
+        but those with random weights (a battle between noise tells a voter nothing), unless
+        fewer than two others are left."""
         chosen = self.playground.settings.arena_models
-        served = [key for key, choice in self.playground.choices.items() if not choice.reason]
-        return [key for key in served if key in chosen] if chosen else served
+        served = self.playground.served_models()
+        if chosen:
+            return [key for key in served if key in chosen]
+        meaningful = [key for key in served if not self.playground.random_weights(key)]
+        return meaningful if len(meaningful) >= 2 else served
 
     # --- handlers ----------------------------------------------------------------------------
 

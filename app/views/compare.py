@@ -128,8 +128,10 @@ class CompareView:
         servable = [
             (choice.label, key) for key, choice in self.playground.choices.items() if not choice.reason
         ]
+        picked = self.playground.compare_picks()
         keys = gr.Dropdown(
             servable,
+            value=picked,
             multiselect=True,
             max_choices=compare.MAX_MODELS,
             elem_id="compare-models",
@@ -141,8 +143,9 @@ class CompareView:
         cards = [self.playground.choices[key].card for _, key in servable]
         default = self.playground.choices.get(self.playground.default_model or "")
         shown = [default.card] if default is not None and not default.reason else []
+        picked_cards = [self.playground.choices[key].card for key in picked]
         pairs = [[a, b] for i, a in enumerate(cards) for b in cards[i + 1 :]]
-        shelves = ExampleShelves(box, [[c] for c in cards] + pairs, shown, "compare-examples")
+        shelves = ExampleShelves(box, [[c] for c in cards] + pairs, picked_cards or shown, "compare-examples")
         keys.change(
             lambda picked: shelves.show([self.playground.choices[k].card for k in picked or []] or shown),
             [keys],

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from app.catalog.cards import ModelCard
 from app.config import Settings
+from app.demo.models import SEEING_MODELS
 from app.domain import compare
 from app.domain.conversation import (
     ConversationError,
@@ -221,6 +222,27 @@ class Playground:
         if choice.reason:
             raise ConversationError(f"{choice.card.display_name} cannot be served here: {choice.reason}.")
         return choice.card
+
+    def random_weights(self, key: str) -> bool:
+        """Whether the model answers with random weights (the demo's twins, or every model where
+        the operator set vLLM's dummy load format for the engines built here): its answers are
+        noise. A remote server's model has its own weights."""
+        if key in self.settings.remote_engines:
+            return False
+        card = self.choices[key].card
+        return "dummy" in (self.settings.load_format, card.reference_engine_args.get("load_format"))
+
+    def served_models(self) -> list[str]:
+        """The models this server serves, in the pickers' order."""
+        return [key for key, choice in self.choices.items() if not choice.reason]
+
+    def compare_picks(self) -> list[str]:
+        """The models compare picks before the visitor does: on a machine without a GPU, the two
+        trained demo models, which answer about shapes and differ, so a first comparison has
+        something to judge; elsewhere (a GPU box, even with the demo models asked for) none."""
+        served = self.served_models()
+        on_cpu = self.settings.gpu_count == 0
+        return list(SEEING_MODELS) if on_cpu and all(key in served for key in SEEING_MODELS) else []
 
     def status_line(self, key: str | None) -> str:
         choice = self.choices.get(key or "")

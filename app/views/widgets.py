@@ -10,7 +10,7 @@ from typing import Any
 import gradio as gr
 
 from app.catalog.cards import ModelCard
-from app.demo.seeing_model import SEEING_KEY
+from app.demo.models import SEEING_MODELS
 from app.engines.base import SamplingSettings, card_sampling
 from app.views.services import page_max_tokens
 
@@ -90,6 +90,8 @@ class Example:
 
     text: str
     files: tuple[str, ...]
+    # Asks for a box: offered only to models that write boxes the chat draws (a card's grounding).
+    boxes: bool = False
 
     def message(self) -> dict[str, Any]:
         return {"text": self.text, "files": [str(EXAMPLES / name) for name in self.files]}
@@ -99,13 +101,14 @@ class Example:
         return sum(name.endswith(suffixes) for name in self.files)
 
 
-# Questions the seeing demo model (`app.demo.seeing_model`) answers, on files it never saw: all it
-# is offered, since it answers nothing else ("Which bar is the tallest?" got "three").
+# Questions the seeing demo models (`app.demo.seeing_model`, `app.demo.seeing_llava`) answer, on
+# files they never saw: all they are offered, since they answer nothing else ("Which bar is the
+# tallest?" got "three").
 SEEING_EXAMPLES = (
     Example("What shape is it?", ("one_shape.png",)),
     Example("Which side of the picture is the shape on?", ("one_shape.png",)),
     Example("Describe the picture.", ("three_shapes.png",)),
-    Example("Where is the red circle?", ("three_shapes.png",)),
+    Example("Where is the red circle?", ("three_shapes.png",), boxes=True),
     Example("How many shapes are there?", ("three_shapes.png",)),
     Example("What colour is the shape in the second picture?", ("one_shape.png", "green_square.png")),
     Example("What colour does the clip end with?", ("colour_change.mp4",)),
@@ -120,21 +123,21 @@ GENERAL_EXAMPLES = (
 
 
 def fitting_examples(cards: Sequence[ModelCard], enough: int | None = None) -> tuple[Example, ...]:
-    """The examples `enough` of `cards` (default: every one) can answer: the seeing model's own
-    questions where it is among them, else the general ones; each only where those cards take its
+    """The examples `enough` of `cards` (default: every one) can answer: the seeing models' own
+    questions where one is among them, else the general ones; each only where those cards take its
     kinds of file and as many of them in one prompt (no clip for a model of pictures, no two
-    pictures for a model of one)."""
+    pictures for a model of one), and a question for a box only where they write boxes."""
     if not cards:
         return ()
-    pool = SEEING_EXAMPLES if any(card.key == SEEING_KEY for card in cards) else GENERAL_EXAMPLES
-    kinds = ("image", "video")
+    pool = SEEING_EXAMPLES if any(card.key in SEEING_MODELS for card in cards) else GENERAL_EXAMPLES
     needed = len(cards) if enough is None else enough
-    return tuple(
-        example
-        for example in pool
-        if sum(all(example.count(kind) <= card.media_limits.get(kind, 0) for kind in kinds) for card in cards)
-        >= needed
-    )
+    return tuple(example for example in pool if sum(answers(card, example) for card in cards) >= needed)
+
+
+def answers(card: ModelCard, example: Example) -> bool:
+    """Whether `card`'s model takes the example's files and, for a box, writes boxes."""
+    fits = all(example.count(kind) <= card.media_limits.get(kind, 0) for kind in ("image", "video"))
+    return fits and (card.grounding is not None or not example.boxes)
 
 
 class ExampleShelves:
