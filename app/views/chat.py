@@ -325,7 +325,7 @@ class ChatView:
     def layout(self, visit: gr.State) -> gr.Chatbot:
         """The tab's components and events; returns the conversation (the page restores it)."""
         playground = self.playground
-        labels = [(choice.label, key) for key, choice in playground.choices.items() if not choice.reason]
+        labels = playground.model_options()
         with gr.Row(equal_height=False):
             # On a phone the columns stack: the model and its settings come first, above the chat.
             with gr.Column(scale=2, min_width=300, elem_id="chat-settings"):

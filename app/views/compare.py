@@ -125,9 +125,7 @@ class CompareView:
     # --- layout ------------------------------------------------------------------------------
 
     def layout(self, visit: gr.State) -> None:
-        servable = [
-            (choice.label, key) for key, choice in self.playground.choices.items() if not choice.reason
-        ]
+        servable = self.playground.model_options()
         picked = self.playground.compare_picks()
         keys = gr.Dropdown(
             servable,

@@ -209,9 +209,7 @@ class GridView:
     def layout(self, visit: gr.State) -> list[Any]:
         """The tab; returns what `shown` updates (a page load, a run reopened from the history)."""
         gr.Markdown(INTRO)
-        servable = [
-            (choice.label, key) for key, choice in self.playground.choices.items() if not choice.reason
-        ]
+        servable = self.playground.model_options()
         with gr.Row():
             with gr.Column():
                 builtin = gr.Dropdown(

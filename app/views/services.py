@@ -88,9 +88,7 @@ class Playground:
             key=lambda c: (bool(c.reason), c.card.family != "Demo", c.card.family, c.card.display_name)
         )
         self.choices = {choice.card.key: choice for choice in choices}
-        self.default_model = settings.default_model or next(
-            (key for key, choice in self.choices.items() if not choice.reason), None
-        )
+        self.default_model = settings.default_model or next(iter(self.served_models()), None)
         # Each browser tab's conversations, kept across a reload and deleted when it is gone.
         self.sessions = SessionStore(settings.reload_grace_s, settings.session_ttl_s)
         # Who a visitor is, as the server says (a signed cookie), and where they come from.
@@ -235,6 +233,10 @@ class Playground:
     def served_models(self) -> list[str]:
         """The models this server serves, in the pickers' order."""
         return [key for key, choice in self.choices.items() if not choice.reason]
+
+    def model_options(self) -> list[tuple[str, str]]:
+        """The pickers' options: (label, key) of every model served here."""
+        return [(self.choices[key].label, key) for key in self.served_models()]
 
     def compare_picks(self) -> list[str]:
         """The models compare picks before the visitor does: on a machine without a GPU, the two
