@@ -42,7 +42,7 @@ def shape(turns: list[Turn], version_of: Any = None) -> list[Any]:
             shape(turns[position:] if tail[0] is turn else tail, turn.versions)
             for tail in turn.versions.tails
         ]
-        result.append((turn.text, turn.versions.place(turn), versions))
+        result.append((turn.text, turn.versions.place(turn), turn.versions.before, versions))
         break  # the rest of `turns` is inside the shown version
     return result
 
@@ -54,11 +54,11 @@ def record_shape(turns: list[TurnRecord]) -> list[Any]:
         if not turn.versions:
             result.append(turn.text)
             continue
-        plain = turn.model_copy(update={"versions": [], "shown_at": 0})
+        plain = turn.model_copy(update={"versions": [], "shown_at": 0, "shown_before": 0})
         own = record_shape([plain, *turns[position + 1 :]])
         versions = [record_shape(v) for v in turn.versions]
         versions.insert(turn.shown_at, own)
-        result.append((turn.text, turn.shown_at, versions))
+        result.append((turn.text, turn.shown_at, turn.shown_before, versions))
         break
     return result
 

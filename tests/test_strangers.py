@@ -456,6 +456,42 @@ def test_every_version_of_a_chat_is_stored_and_reopened_and_a_crafted_one_breaks
     assert [t.text for t in third.chat.turns] == ["hidden"] and third.chat.turns[0].versions is not None
 
 
+def test_undo_after_a_reload_brings_back_the_version_shown_before_the_newest(loop, views):
+    """The version a chat showed before its newest edit is stored: undoing that edit after a
+    reload shows it again, as the same undo did before the reload (not the first version)."""
+    view, _ = views
+    visit = Visit(browser_id="undoer")
+    chat = visit.chat
+    chat.turns += [chat_turn("a", "1"), chat_turn("b", "2"), chat_turn("c", "3")]
+    chat.branch(1, chat_turn("b2", "2b"))
+    chat.turns.append(chat_turn("c2", "3b"))
+    chat.branch(1, chat_turn("b3", "2c"))  # edited from b2: b2 was shown before b3
+    assert not isinstance(loop.run(view.save_chat(visit, "tiny-a", "")), str)
+    again = Visit(browser_id="undoer")
+    loop.run(view.reopen(chat.conversation_id, again))
+    for session in (chat, again.chat):
+        session.drop_last()
+        assert [t.text for t in session.turns] == ["a", "b2", "c2"]
+
+
+def test_an_answer_streaming_in_a_hidden_version_at_exit_is_stored_as_stopped(views):
+    """The app stops while an answer streams in a version the chat no longer shows (another
+    version was picked meanwhile): that answer is stored, as stopped, like one shown."""
+    view, history = views
+    visit = Visit(browser_id="exiter")
+    chat = visit.chat
+    chat.turns.append(chat_turn("a", "1"))
+    streaming = Turn(
+        text="a, edited", reply=Reply("tiny-a", "Tiny A", "", answer="half an ans", state="streaming")
+    )
+    chat.branch(0, streaming)
+    chat.switch(0, 0)  # the first version shown; the edit's answer still streams, hidden
+    view.store_at_exit(visit)
+    (turn,) = history.load("exiter", chat.conversation_id).turns
+    ((hidden,),) = turn.versions
+    assert [(r.answer, r.state) for r in hidden.replies] == [("half an ans", "stopped")]
+
+
 def test_a_message_prepared_while_the_chat_changed_is_refused_not_grafted(loop, views):
     """Undo (or another version picked) while an edited message's prompt is being made: the
     prompt was made for a chat no longer shown, so the message goes back to the box in one line

@@ -136,11 +136,14 @@ class TurnRecord(Record):
     # `shown_at`-th of all the versions (counting from 0), the one the chat shows.
     versions: list[list[TurnRecord]] = Field(default_factory=list)
     shown_at: int = Field(default=0, ge=0)
+    # The version shown before the newest was added, counted as `shown_at`: an undo of the
+    # newest shows it again (`Versions.before`), after a reload as before it.
+    shown_before: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _shown_among_versions(self) -> TurnRecord:
-        if self.shown_at > len(self.versions):
-            raise ValueError("shown_at counts past the turn's versions")
+        if max(self.shown_at, self.shown_before) > len(self.versions):
+            raise ValueError("shown_at or shown_before counts past the turn's versions")
         if any(not version for version in self.versions):
             raise ValueError("a version holds at least its own turn")
         return self
@@ -278,6 +281,7 @@ class TurnRow(Base):
     # this turn's place among them: read and written whole like the media and replies.
     versions: Mapped[list[list[dict[str, Any]]]] = mapped_column(JSON, default=list, server_default="[]")
     shown_at: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    shown_before: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # The media of this turn and of every turn of its versions: a medium only a hidden version
     # holds is still held.
     links: Mapped[list[MediaLink]] = relationship(cascade="all, delete-orphan", passive_deletes=True)
@@ -599,6 +603,7 @@ class History:
                         replies=[r.model_dump() for r in turn.replies],
                         versions=[[t.model_dump() for t in version] for version in turn.versions],
                         shown_at=turn.shown_at,
+                        shown_before=turn.shown_before,
                         links=[MediaLink(hash=h) for h in held],
                     )
                 )
@@ -647,6 +652,7 @@ class History:
                         replies=[ReplyRecord.model_validate(r) for r in t.replies],
                         versions=[[TurnRecord.model_validate(v) for v in version] for version in t.versions],
                         shown_at=t.shown_at,
+                        shown_before=t.shown_before,
                     )
                     for t in row.turns
                 ],

@@ -97,9 +97,9 @@ def record_of(
             replies = turn.columns or ([turn.reply] if turn.reply is not None else [])
             # The other versions of this place, each read from its own copy; this one's tail is
             # the rest of `turns` (see `Versions`).
-            versions, shown_at = [], 0
+            versions, shown_at, shown_before = [], 0, 0
             if turn.versions is not None and turn.versions is not version_of:
-                shown_at = turn.versions.place(turn)
+                shown_at, shown_before = turn.versions.place(turn), turn.versions.before
                 versions = [
                     records(tail, turn.versions) for tail in turn.versions.tails if tail[0] is not turn
                 ]
@@ -110,6 +110,7 @@ def record_of(
                     replies=[reply_record(r) for r in replies if r.ended],
                     versions=versions,
                     shown_at=shown_at,
+                    shown_before=shown_before,
                 )
             )
         return kept
@@ -217,7 +218,8 @@ class HistoryView:
         ):
             if not session.turns or (kind == "compare" and not any(t.columns for t in session.turns)):
                 continue
-            for turn in session.turns:
+            # Every version's turns: an answer may still stream in one no longer shown.
+            for turn in session.every_turn():
                 for reply in [*turn.columns, *([turn.reply] if turn.reply is not None else [])]:
                     if not reply.ended:
                         reply.state = "stopped"
@@ -386,7 +388,7 @@ class HistoryView:
                 if stored.versions and not (a_version and position == 0):
                     others = [turns(version, a_version=True) for version in stored.versions]
                     tails = [*others[: stored.shown_at], restored[position:], *others[stored.shown_at :]]
-                    versions = Versions(tails=tails)
+                    versions = Versions(tails=tails, before=stored.shown_before)
                     for tail in tails:
                         tail[0].versions = versions
             return restored
