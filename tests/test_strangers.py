@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gradio as gr
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -512,6 +513,36 @@ def test_a_message_prepared_while_the_chat_changed_is_refused_not_grafted(loop, 
     assert [turn.text for turn in visit.chat.turns] == ["one"]
     assert "changed while this message was being prepared" in last[2]
     assert last[1].value["text"] == "two, edited"
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_an_edited_messages_versions_are_in_the_menu_while_its_answer_streams(loop, views):
+    """The page's send handler (`with_menus`) brings the Versions menu up to date as soon as an
+    edited message becomes a new version, while its answer is still to come, and leaves the menus
+    alone while the answer streams."""
+    view, _ = views
+    _, visit = view.playground.sessions.attach(None, "page-menus")
+    visit.chat.turns += [chat_turn("one", "1"), chat_turn("two", "2")]
+    visit.chat.editing = 1
+    send = view.chat.with_menus(view.chat.send, visit_at=1)
+    seen: list[tuple[Any, str]] = []
+
+    async def run() -> None:
+        message = {"text": "two, edited", "files": []}
+        async for update in send(message, visit, "tiny-a", "", 0.0, 1.0, 16, 0):
+            reply = visit.chat.turns[-1].reply
+            seen.append((update[5], reply.state if reply is not None else "none"))
+
+    loop.run(run())
+    menus = [(menu, state) for menu, state in seen if isinstance(menu, gr.Dropdown)]
+    first_menu, state_then = menus[1]  # the first: before the message was a version
+    assert [label.split(":")[0] for label, _ in first_menu.choices] == [
+        "Message 2, version 1 of 2",
+        "Message 2, version 2 of 2 (shown)",
+    ]
+    assert state_then not in ("done", "stopped", "failed")  # its answer still to come
+    assert len(seen) > len(menus) + 1  # streamed updates left the menus as they were
 
 
 def test_a_failed_answer_takes_out_only_its_own_turn_whatever_was_done_meanwhile():

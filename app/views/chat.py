@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +180,24 @@ class ChatView:
             notice,
             size_line(card, size, turn.reply.prompt_tokens or None),
         )
+
+    def with_menus(
+        self, handler: Callable[..., AsyncIterator[tuple[Any, ...]]], visit_at: int
+    ) -> Callable[..., AsyncIterator[tuple[Any, ...]]]:
+        """`handler`'s updates (the visit its input number `visit_at`) with the edit controls
+        (`menus`) wherever the chat's shape changed: an edited message's versions are there
+        to pick while its answer streams, not only once it ends."""
+
+        async def updates(*inputs: Any) -> AsyncIterator[tuple[Any, ...]]:
+            visit, shown = inputs[visit_at], None
+            # Closed with this one: a tab gone mid-answer stops the answer in the engine at once.
+            async with contextlib.aclosing(handler(*inputs)) as inner:
+                async for update in inner:
+                    now = menus_shape(visit)
+                    yield (*update, *(self.menus(visit) if now != shown else (gr.skip(),) * 3))
+                    shown = now
+
+        return updates
 
     def stop(self, visit: Visit | None) -> None:
         if visit is not None:
@@ -384,16 +402,23 @@ class ChatView:
                 self.shelves = ExampleShelves(box, [[c] for c in cards.values()], shown, "chat-examples")
         inputs, outputs = [visit, model, system, *sampling], [chatbot, box, notice, size]
         # A second Enter while an answer streams is sent when it ends (not dropped).
+        menus = [edit_menu, versions, cancel]
         sent = box.submit(
-            self.send,
+            self.with_menus(self.send, visit_at=1),
             [box, *inputs],
-            outputs,
+            [*outputs, *menus],
             show_progress_on=[chatbot],
             trigger_mode="always_last",
             **PRIVATE,
         )
         sent.then(playground.status_line, [model], [state], show_progress="hidden", **PRIVATE)
-        again = regenerate.click(self.regenerate, inputs, outputs, show_progress_on=[chatbot], **PRIVATE)
+        again = regenerate.click(
+            self.with_menus(self.regenerate, visit_at=0),
+            inputs,
+            [*outputs, *menus],
+            show_progress_on=[chatbot],
+            **PRIVATE,
+        )
         for event in (sent, again):
             # The Send button comes back however the answer ended.
             event.then(box_idle, None, [box], show_progress="hidden", queue=False, **PRIVATE)
@@ -425,6 +450,15 @@ class ChatView:
             **PRIVATE,
         )
         return chatbot
+
+
+def menus_shape(visit: Visit | None) -> tuple[Any, ...]:
+    """What the edit controls show of a chat: its turns, their versions, the message edited."""
+    if visit is None:
+        return ()
+    session = visit.chat
+    turns = tuple((id(t), len(t.versions.tails) if t.versions else 0) for t in session.turns)
+    return (*turns, session.editing)
 
 
 def size_line(card: ModelCard, size: int, counted: int | None) -> str:
