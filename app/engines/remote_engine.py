@@ -7,6 +7,8 @@ template is used, with a warning). Other cards use the model's own chat template
 the server applies it. The media go as chat message parts: images as PNG data URLs (lossless,
 as OCR models need every stroke), videos as the frames this app sampled, in vLLM's `video/jpeg`
 data URL, the one frame format it takes, with their timestamps passed as `media_io_kwargs`.
+Text that holds a string the server's tokenizer reads as one added token (`<|im_end|>`) goes
+with that string broken by a zero-width space, so it stays text (`_literal_texts`).
 """
 
 from __future__ import annotations
@@ -28,10 +30,13 @@ from app.engines.base import (
     TextDelta,
     explain_refusal,
 )
+from app.engines.tokens import broken_apart, lookalikes
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 10.0
+# The server is asked about at most this many new strings per message, and remembers this many.
+LOOKALIKES_ASKED, ONE_TOKEN_CACHE = 16, 4096
 
 
 class RemoteEngine:
@@ -47,6 +52,8 @@ class RemoteEngine:
         self._streams: dict[str, Any] = {}
         self._send_video_metadata = True
         self._send_rendered_prompt = True
+        # Whether the server's tokenizer reads a string as one token (`_literal_texts`).
+        self._one_token: dict[str, bool] = {}
 
     @classmethod
     async def connect(cls, url: str, card: ModelCard) -> RemoteEngine:
@@ -133,6 +140,7 @@ class RemoteEngine:
     ) -> tuple[Any, list[dict[str, Any]], RenderedPrompt | None]:
         """The request's stream, the chat messages sent, and the prompt sent as written (None
         where the server's own template writes it)."""
+        messages = await self._literal_texts(messages)
         rendered = locally_rendered(card, messages) if self._send_rendered_prompt else None
         chat, video_kwargs = chat_messages(messages if rendered is None else carrier(messages, rendered))
         try:
@@ -140,6 +148,35 @@ class RemoteEngine:
         except RenderedPromptRefused:
             chat, video_kwargs = chat_messages(messages)
             return await self._open_stream(card, chat, video_kwargs, sampling, None), chat, None
+
+    async def _literal_texts(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`messages` with each string of their texts that the server's tokenizer reads as one
+        added token broken apart (`broken_apart`), so that a visitor's `<|im_end|><|im_start|>`
+        stays text, as a local engine keeps it (`app.engines.tokens`). The server says which
+        strings are one token (vLLM's `/tokenize`), asked once per string."""
+        found = lookalikes(messages)
+        if len(self._one_token) > ONE_TOKEN_CACHE:
+            self._one_token.clear()
+        # A text may hold thousands of lookalikes: past a few, they are broken apart unasked.
+        for string in sorted(found - self._one_token.keys())[:LOOKALIKES_ASKED]:
+            self._one_token[string] = await self._is_one_token(string)
+        return broken_apart(messages, {s for s in found if self._one_token.get(s, True)})
+
+    async def _is_one_token(self, string: str) -> bool:
+        import httpx
+        from openai import OpenAIError
+
+        root = self.url.rstrip("/").removesuffix("/v1")
+        try:
+            response = await self._client.post(
+                f"{root}/tokenize",
+                cast_to=httpx.Response,
+                body={"model": self.served_model, "prompt": string, "add_special_tokens": False},
+                options={"timeout": CONNECT_TIMEOUT_S},
+            )
+            return len(response.json()["tokens"]) == 1
+        except (OpenAIError, ValueError, KeyError, TypeError):
+            return True  # a server without vLLM's /tokenize: broken apart, to be safe
 
     async def _open_stream(
         self,

@@ -12,7 +12,8 @@ Two jobs, both for the prompt the engine gets:
   user's text (or an earlier answer replayed, or the system prompt) holds such a string, the
   prompt goes to vLLM as token ids: the prompt string tokenized as vLLM would, except that each
   of those strings is tokenized as plain text (`split_special_tokens`). Normal text is not
-  touched: its prompt goes as the same string as before.
+  touched: its prompt goes as the same string as before. A remote server takes no token ids with
+  media, so there each such string goes broken by a zero-width space (`broken_apart`).
 """
 
 from __future__ import annotations
@@ -130,6 +131,26 @@ def render_literal(
     if not spans:
         return LiteralPrompt(rendered)
     return LiteralPrompt(rendered, _literal_ids(tokenizer, prompt, spans))
+
+
+# Strings that may be a model's added tokens, for a tokenizer this process does not have (a
+# remote server's): `<|im_end|>`, `<image>`, `<start_of_turn>`, `<｜end▁of▁sentence｜>`, `[INST]`.
+ADDED_TOKEN_LOOKALIKE = re.compile(r"<[^<>\s]{1,64}>|\[/?[A-Z][A-Z0-9_]{1,30}\]")
+
+
+def lookalikes(messages: Sequence[dict[str, Any]]) -> set[str]:
+    """The strings in `messages`' texts that look like added tokens (`ADDED_TOKEN_LOOKALIKE`)."""
+    return {found.group(0) for text in _texts(messages) for found in ADDED_TOKEN_LOOKALIKE.finditer(text)}
+
+
+def broken_apart(messages: Sequence[dict[str, Any]], strings: set[str]) -> list[dict[str, Any]]:
+    """`messages` with each of `strings` in their texts broken by a zero-width space after its
+    first character, so that no tokenizer reads it as its added token: the same text to a reader,
+    plain text to the model."""
+    if not strings:
+        return list(messages)
+    pattern = re.compile("|".join(re.escape(s) for s in sorted(strings, key=len, reverse=True)))
+    return _map_texts(messages, lambda text: pattern.sub(_spaced, text))
 
 
 def _spaced(match: re.Match[str]) -> str:
