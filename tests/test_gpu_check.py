@@ -74,7 +74,7 @@ def _cache(root: Path, repo: str, files: dict[str, str]) -> None:
         (folder / "snapshots" / commit / name).write_text(text)
 
 
-def test_real_weights_are_used_only_where_the_whole_model_is_in_the_cache(tmp_path: Path):
+def test_real_weights_are_used_only_where_the_whole_model_and_its_tokenizer_are_in_the_cache(tmp_path: Path):
     spec = SPECS["small"]
     index = json.dumps({"weight_map": {"a": "model-1.safetensors", "b": "model-2.safetensors"}})
     partial = tmp_path / "partial"
@@ -84,17 +84,17 @@ def test_real_weights_are_used_only_where_the_whole_model_is_in_the_cache(tmp_pa
         {"config.json": "{}", "model.safetensors.index.json": index, "model-1.safetensors": ""},
     )
     assert cached_weights(spec, partial) is None
+    weights_only = {
+        "config.json": "{}",
+        "model.safetensors.index.json": index,
+        "model-1.safetensors": "",
+        "model-2.safetensors": "",
+    }
+    _cache(tmp_path / "weights-only", spec.repo, weights_only)
+    assert cached_weights(spec, tmp_path / "weights-only") is None  # no tokenizer: the build would fail
     whole = tmp_path / "whole"
-    _cache(
-        whole,
-        spec.repo,
-        {
-            "config.json": "{}",
-            "model.safetensors.index.json": index,
-            "model-1.safetensors": "",
-            "model-2.safetensors": "",
-        },
-    )
+    tokenizer = {"tokenizer_config.json": "{}", "tokenizer.json": "{}", "preprocessor_config.json": "{}"}
+    _cache(whole, spec.repo, {**weights_only, **tokenizer})
     folder = cached_weights(spec, whole)
     assert folder is not None and (folder / "model-2.safetensors").is_file()
     assert cached_weights(spec, tmp_path / "empty") is None

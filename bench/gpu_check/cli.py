@@ -3,12 +3,12 @@
 On a machine with an NVIDIA GPU and vLLM's CUDA build, this writes two model folders (configs,
 tokenizer and processor, no weights) with the sizes of Qwen2-VL-2B-Instruct and
 Qwen2-VL-7B-Instruct, builds vLLM engines on them with random weights (`load_format="dummy"`;
-the real weights where a model is wholly in the Hugging Face cache, so rebuilds read them from
-disk) and the KV cache given in bytes as the app gives it (`kv_cache_memory_bytes`), and
-measures. The pair is chosen from the GPU's memory: both models where they fit in 0.9 of it at
-once (about 32 GB and up), else two engines of the 2B-class model (24 GB); the two-engine phases
-are sized from what each build was measured to take, so a 16 GB card runs them where the
-measured footprints fit. It measures:
+the real weights where a model is wholly in the Hugging Face cache, tokenizer included, so
+rebuilds read them from disk) and the KV cache given in bytes as the app gives it
+(`kv_cache_memory_bytes`), and measures. The pair is chosen from the GPU's memory: both models
+where they fit in 0.9 of it at once (about 32 GB and up), else two engines of the 2B-class model
+(24 GB); the two-engine phases are sized from what each build was measured to take, so a 16 GB
+card runs them where the measured footprints fit. It measures:
 
 - build, sleep (level 1), wake, shutdown and rebuild times of each model, with the GPU memory
   after each step (NVML) and one answer before sleeping and one after waking;

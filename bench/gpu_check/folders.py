@@ -116,7 +116,9 @@ def write_model_folders(root: Path, specs: dict[str, ModelSpec] = SPECS) -> dict
 def cached_weights(spec: ModelSpec, cache_dir: Path | None = None) -> Path | None:
     """The published model's folder where all its weights are in the Hugging Face cache (the
     snapshot of its default revision): engines built on it read real weights from disk, so
-    rebuild times are what a user's are. None where any weight file is missing."""
+    rebuild times are what a user's are. None where any weight file, the tokenizer or the
+    processor's config is missing (a download of the weights alone, as `--include "*.safetensors"`
+    makes, would fail the engine's build rather than fall back to random weights)."""
     from huggingface_hub import snapshot_download
 
     try:
@@ -131,7 +133,9 @@ def cached_weights(spec: ModelSpec, cache_dir: Path | None = None) -> Path | Non
             return None
     else:
         files = {"model.safetensors"}
-    complete = (folder / "config.json").is_file() and all((folder / name).is_file() for name in files)
+    files |= {"config.json", "tokenizer_config.json", "preprocessor_config.json"}
+    tokenizer = (folder / "tokenizer.json").is_file() or (folder / "vocab.json").is_file()
+    complete = tokenizer and all((folder / name).is_file() for name in files)
     return folder if complete else None
 
 
