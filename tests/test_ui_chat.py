@@ -38,6 +38,7 @@ from ui_pages import (
 
 from app.demo.seeing_model import SEEING_KEY
 from app.demo.shapes import Drawn, picture
+from app.engines.tokens import context_length, register_context
 from app.views import Playground
 from app.views.chat import WAITING
 
@@ -308,6 +309,25 @@ def test_switching_models_shows_the_load_progress_in_the_chat(page: Page):
     wait_for_answer(page, timeout_s=180)
     assert not bot_messages(page)[-1].startswith(WAITING)
     poll(lambda: "ready" in page.inner_text("#model-state"), 10)
+
+
+def test_the_default_models_panel_shows_the_context_its_engine_was_built_with(
+    open_page: Callable[[], Page], served: tuple[Playground, str, RecordingFactory]
+):
+    """The panel of the model a page opens with is written when the page loads, not when the app
+    starts: a chat-sized context registered since (a GPU build) shows without picking it again."""
+    playground, _, _ = served
+    key = playground.default_model
+    assert key is not None
+    card = playground.choices[key].card
+    before = context_length(card)
+    register_context(key, 12_288)
+    try:
+        page = open_page()
+        page.click("#model-card-box button")
+        poll(lambda: "Context: 12288 tokens" in page.inner_text("#model-card"))
+    finally:
+        register_context(key, before)
 
 
 def test_models_this_machine_cannot_serve_are_listed_with_the_reason_not_offered(page: Page):

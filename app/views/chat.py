@@ -357,7 +357,10 @@ class ChatView:
                 default = playground.choices.get(playground.default_model or "")
                 sampling = sampling_controls("chat", default.card if default is not None else None)
                 with gr.Accordion("About this model", open=False, elem_id="model-card-box"):
-                    panel = gr.Markdown(self.card_panel(playground.default_model), elem_id="model-card")
+                    # Written again when the page loads (`Page`): a context registered since shows.
+                    self.panel = panel = gr.Markdown(
+                        self.card_panel(playground.default_model), elem_id="model-card"
+                    )
                 unavailable = [c for c in playground.choices.values() if c.reason]
                 if unavailable:
                     # Listed with the reason rather than offered in the picker and refused on send.

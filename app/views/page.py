@@ -163,6 +163,10 @@ class Page:
             loaded.then(None, [token, browser], None, js=WRITE_TOKEN, queue=False, **PRIVATE)
             loaded.then(self.history.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
             self.chat.refreshes_after(loaded, visit)
+            # The panel of the model the page opens with, as it is now (the context a build
+            # registered since the app started), not as the page was built.
+            model = self.chat.model
+            loaded.then(self.chat.card_panel, [model], [self.chat.panel], show_progress="hidden", **PRIVATE)
             if self.arena is not None:
                 loaded.then(self.arena.resumed, [visit], restored, show_progress="hidden", **PRIVATE)
             loaded.then(self.grid.shown, [visit], grid_shown, show_progress="hidden", **PRIVATE)
