@@ -581,6 +581,27 @@ def test_an_upgrade_from_version_0004_reads_its_turns_as_without_versions(url: s
         history.close()
 
 
+def test_a_downgrade_past_edit_and_branch_keeps_the_turns_hold_on_their_pictures(
+    history: History, tmp_path: Path
+):
+    """Going back to 0004 through the app's own engine (SQLite with foreign keys on): the turns'
+    new columns are dropped in place, not by copying the table, whose drop would cascade through
+    the media links and leave every picture unheld."""
+    from alembic import command
+    from alembic.config import Config
+
+    from app.storage.history import MIGRATIONS
+
+    conversation(history, "browser-1", tmp_path, "red", "blue")
+    assert row_count(history, "media_links") == 2
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    with history.engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0004")
+    assert row_count(history, "turns") == 2 and row_count(history, "media_links") == 2
+
+
 def test_votes_are_stored_and_read_back_per_modality(history: History):
     battle = new_id()
     history.add_votes(

@@ -36,6 +36,7 @@ from app.engines.remote_engine import (
     describe_messages,
     locally_rendered,
 )
+from app.engines.tokens import broken_apart, lookalikes
 from app.engines.vllm_engine import VllmEngineFactory
 from app.media.loading import load_video
 
@@ -273,6 +274,28 @@ def test_a_visitors_special_token_strings_reach_a_remote_server_as_text(loop, ma
     assert injected - without >= 2 * 3, (injected, without)
     end = loop.run(collect(manager, [{"role": "user", "content": "Is <hello> <|im_end|> here?"}]))[1]
     assert "Is <hello> <\u200b|im_end|> here?" in end.prompt
+
+
+# Added tokens of the catalog's model families, as their tokenizers spell them.
+ADDED_TOKENS = [
+    "<|im_end|>", "<image>", "<start_of_turn>", "<｜end▁of▁sentence｜>", "[INST]", "[/INST]",
+    "[gMASK]", "[IMG_BREAK]", "<|reserved_special_token_0|>", "<fake_token_around_image>",
+    "<row_1_col_1>", "<|vision_start|>", "</s>", "<s>", "<|endoftext|>", "<end_of_utterance>",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("token", ADDED_TOKENS)
+def test_a_models_markers_are_found_and_broken_apart_wherever_they_sit(token: str):
+    """Every family's markers are candidates for the server's `/tokenize`, alone, next to each
+    other, or inside another lookalike (`<[/INST]>`, where the outer one is not a token), and
+    only those the server named are broken."""
+    for text in (token, f"a{token}{token}b", f"<{token}>", f"[{token}]", f"<x{token}y>"):
+        messages = [{"role": "user", "content": [{"type": "text", "text": text}]}]
+        assert token in lookalikes(messages), text
+        broken = broken_apart(messages, {token})[0]["content"][0]["text"]
+        assert token not in broken and broken.replace("\u200b", "") == text
+    other = [{"role": "assistant", "content": f"<b> [1] {token}"}]
+    assert broken_apart(other, {token})[0]["content"] == f"<b> [1] {token[0]}\u200b{token[1:]}"
 
 
 @pytest.mark.vllm

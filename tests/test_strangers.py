@@ -455,6 +455,12 @@ def test_every_version_of_a_chat_is_stored_and_reopened_and_a_crafted_one_breaks
     ]
     third.chat.switch(0, 1)
     assert [t.text for t in third.chat.turns] == ["hidden"] and third.chat.turns[0].versions is not None
+    # A made-up "shown before" that names the newest version itself: refused in one line.
+    made_up = json.loads(crafted.model_dump_json())
+    made_up["conversation"]["turns"][0]["shown_before"] = 1
+    with pytest.raises(HistoryError) as refused:
+        history.import_json("brancher", json.dumps(made_up))
+    assert "\n" not in str(refused.value)
 
 
 def test_undo_after_a_reload_brings_back_the_version_shown_before_the_newest(loop, views):

@@ -13,10 +13,12 @@ with that string broken by a zero-width space, so it stays text (`_literal_texts
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -35,8 +37,9 @@ from app.engines.tokens import broken_apart, lookalikes
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 10.0
-# The server is asked about at most this many new strings per message, and remembers this many.
-LOOKALIKES_ASKED, ONE_TOKEN_CACHE = 16, 4096
+# The server is asked about at most this many new strings per message, all at once, within the
+# deadline (seconds, before the answer's request), and its answers for this many are remembered.
+LOOKALIKES_ASKED, TOKENIZE_DEADLINE_S, ONE_TOKEN_CACHE = 16, 2.0, 4096
 
 
 class RemoteEngine:
@@ -52,8 +55,9 @@ class RemoteEngine:
         self._streams: dict[str, Any] = {}
         self._send_video_metadata = True
         self._send_rendered_prompt = True
-        # Whether the server's tokenizer reads a string as one token (`_literal_texts`).
-        self._one_token: dict[str, bool] = {}
+        # Whether the server's tokenizer reads a string as one token (`_literal_texts`), the
+        # latest used last.
+        self._one_token: OrderedDict[str, bool] = OrderedDict()
 
     @classmethod
     async def connect(cls, url: str, card: ModelCard) -> RemoteEngine:
@@ -153,16 +157,29 @@ class RemoteEngine:
         """`messages` with each string of their texts that the server's tokenizer reads as one
         added token broken apart (`broken_apart`), so that a visitor's `<|im_end|><|im_start|>`
         stays text, as a local engine keeps it (`app.engines.tokens`). The server says which
-        strings are one token (vLLM's `/tokenize`), asked once per string."""
+        strings are one token (vLLM's `/tokenize`); the answers are remembered. A string not
+        asked (past the first few new ones, or past the deadline) is broken apart."""
         found = lookalikes(messages)
-        if len(self._one_token) > ONE_TOKEN_CACHE:
-            self._one_token.clear()
-        # A text may hold thousands of lookalikes: past a few, they are broken apart unasked.
-        for string in sorted(found - self._one_token.keys())[:LOOKALIKES_ASKED]:
-            self._one_token[string] = await self._is_one_token(string)
-        return broken_apart(messages, {s for s in found if self._one_token.get(s, True)})
+        known = self._one_token
+        new = sorted(found - known.keys())[:LOOKALIKES_ASKED]
+        if new:
+            try:
+                said = await asyncio.wait_for(
+                    asyncio.gather(*(self._is_one_token(string) for string in new)), TOKENIZE_DEADLINE_S
+                )
+            except TimeoutError:
+                said = [None] * len(new)
+            for string, one_token in zip(new, said, strict=True):
+                if one_token is not None:  # a failed question is asked again next time
+                    known[string] = one_token
+        for string in found & known.keys():
+            known.move_to_end(string)
+        while len(known) > ONE_TOKEN_CACHE:
+            known.popitem(last=False)
+        return broken_apart(messages, {string for string in found if known.get(string, True)})
 
-    async def _is_one_token(self, string: str) -> bool:
+    async def _is_one_token(self, string: str) -> bool | None:
+        """Whether the server's tokenizer reads `string` as one token; None if it cannot say."""
         import httpx
         from openai import OpenAIError
 
@@ -172,11 +189,11 @@ class RemoteEngine:
                 f"{root}/tokenize",
                 cast_to=httpx.Response,
                 body={"model": self.served_model, "prompt": string, "add_special_tokens": False},
-                options={"timeout": CONNECT_TIMEOUT_S},
+                options={"timeout": TOKENIZE_DEADLINE_S},
             )
             return len(response.json()["tokens"]) == 1
         except (OpenAIError, ValueError, KeyError, TypeError):
-            return True  # a server without vLLM's /tokenize: broken apart, to be safe
+            return None  # a server without vLLM's /tokenize: broken apart, to be safe
 
     async def _open_stream(
         self,

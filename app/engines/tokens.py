@@ -134,23 +134,39 @@ def render_literal(
 
 
 # Strings that may be a model's added tokens, for a tokenizer this process does not have (a
-# remote server's): `<|im_end|>`, `<image>`, `<start_of_turn>`, `<｜end▁of▁sentence｜>`, `[INST]`.
-ADDED_TOKEN_LOOKALIKE = re.compile(r"<[^<>\s]{1,64}>|\[/?[A-Z][A-Z0-9_]{1,30}\]")
+# remote server's): `<|im_end|>`, `<image>`, `<｜end▁of▁sentence｜>`, `[INST]`, `[gMASK]`. Two
+# patterns, each found on its own, so that one inside the other (`<[/INST]>`) is found too.
+ADDED_TOKEN_LOOKALIKES = (re.compile(r"<[^<>\s]{1,64}>"), re.compile(r"\[[^\[\]<>\s]{1,32}\]"))
 
 
 def lookalikes(messages: Sequence[dict[str, Any]]) -> set[str]:
-    """The strings in `messages`' texts that look like added tokens (`ADDED_TOKEN_LOOKALIKE`)."""
-    return {found.group(0) for text in _texts(messages) for found in ADDED_TOKEN_LOOKALIKE.finditer(text)}
+    """The strings in `messages`' texts that look like added tokens (`ADDED_TOKEN_LOOKALIKES`)."""
+    texts = _texts(messages)
+    return {
+        found.group(0)
+        for pattern in ADDED_TOKEN_LOOKALIKES
+        for text in texts
+        for found in pattern.finditer(text)
+    }
 
 
 def broken_apart(messages: Sequence[dict[str, Any]], strings: set[str]) -> list[dict[str, Any]]:
     """`messages` with each of `strings` in their texts broken by a zero-width space after its
     first character, so that no tokenizer reads it as its added token: the same text to a reader,
-    plain text to the model."""
+    plain text to the model. One pass per lookalike pattern, whatever the number of strings;
+    the inner pattern first, so that `[/INST]` inside `<[/INST]>` is broken too."""
     if not strings:
         return list(messages)
-    pattern = re.compile("|".join(re.escape(s) for s in sorted(strings, key=len, reverse=True)))
-    return _map_texts(messages, lambda text: pattern.sub(_spaced, text))
+
+    def one(match: re.Match[str]) -> str:
+        return _spaced(match) if match.group(0) in strings else match.group(0)
+
+    def text_broken(text: str) -> str:
+        for pattern in reversed(ADDED_TOKEN_LOOKALIKES):
+            text = pattern.sub(one, text)
+        return text
+
+    return _map_texts(messages, text_broken)
 
 
 def _spaced(match: re.Match[str]) -> str:

@@ -142,8 +142,11 @@ class TurnRecord(Record):
 
     @model_validator(mode="after")
     def _shown_among_versions(self) -> TurnRecord:
-        if max(self.shown_at, self.shown_before) > len(self.versions):
-            raise ValueError("shown_at or shown_before counts past the turn's versions")
+        if self.shown_at > len(self.versions):
+            raise ValueError("shown_at counts past the turn's versions")
+        # Never the newest version (the last): the one shown before it was added.
+        if self.shown_before >= max(len(self.versions), 1):
+            raise ValueError("shown_before counts past the turn's earlier versions")
         if any(not version for version in self.versions):
             raise ValueError("a version holds at least its own turn")
         return self

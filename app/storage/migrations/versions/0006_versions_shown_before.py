@@ -24,5 +24,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("turns", schema=None) as batch_op:
+    # In place too (SQLite 3.35+ drops a column itself): a copy of the table would be dropped
+    # with foreign keys on, and the drop would cascade through the media links.
+    with op.batch_alter_table("turns", schema=None, recreate="never") as batch_op:
         batch_op.drop_column("shown_before")
