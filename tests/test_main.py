@@ -291,7 +291,7 @@ def test_vllm_sockets_fit_however_deep_the_apps_folder_is(tmp_path: Path):
     import tempfile
     import uuid
 
-    from app.demo.models import use_local_vllm_environment
+    from app.demo.models import ONEDNN_KERNELS_KEPT, use_local_vllm_environment
 
     short = Path(tempfile.mkdtemp(prefix="vllm-test-"))
     # The app's folder for vLLM does not exist before its first engine: vLLM binds its socket
@@ -307,6 +307,13 @@ def test_vllm_sockets_fit_however_deep_the_apps_folder_is(tmp_path: Path):
         kept = {"VLLM_CACHE_ROOT": str(short / "kept")}
         use_local_vllm_environment(scratch, kept)
         assert kept["VLLM_CACHE_ROOT"] == str(short / "kept")
+        # oneDNN's cache of kernels bounded (an engine grew with each new prompt length), unless
+        # the operator bounds it otherwise.
+        assert environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(ONEDNN_KERNELS_KEPT)
+        assert kept["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(ONEDNN_KERNELS_KEPT)
+        own = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "8"}
+        use_local_vllm_environment(scratch, own)
+        assert own["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "8"
         empty = {"VLLM_CACHE_ROOT": ""}
         use_local_vllm_environment(scratch, empty)
         assert empty["VLLM_CACHE_ROOT"].startswith(str(scratch))

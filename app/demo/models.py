@@ -87,7 +87,7 @@ def use_local_vllm_environment(scratch: Path, environ: MutableMapping[str, str] 
     unless the environment names its own (`VLLM_CACHE_ROOT`, `TORCHINDUCTOR_CACHE_DIR`: what vLLM
     learns about a model class there saves about 8 s of its first build, so a cache one already
     keeps is kept). `VLLM_CPU_KVCACHE_SPACE` is removed because it overrides each engine's own KV
-    cache size.
+    cache size. oneDNN's cache of compiled kernels is bounded (`ONEDNN_KERNELS_KEPT`).
     """
     environ.update(
         HF_HUB_OFFLINE="1",
@@ -100,7 +100,14 @@ def use_local_vllm_environment(scratch: Path, environ: MutableMapping[str, str] 
         if not environ.get(name):  # unset or empty (an empty path is the current folder)
             environ[name] = str(scratch / folder)
     environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    # oneDNN keeps a compiled kernel for every new shape of a matrix product (each new prompt
+    # length's prefill), 1,024 of them by default: a CPU engine grew by about 0.9 MiB for each
+    # chat of a new length, with no end in a 30-minute run (`bench/bench_engine_memory.py`). A
+    # few dozen keep the answers' shapes; an operator's own value is kept.
+    environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_KERNELS_KEPT))
 
+
+ONEDNN_KERNELS_KEPT = 64
 
 # A Unix socket's path holds at most 107 bytes, and vLLM names its sockets `<folder>/<uuid4>`
 # (37 more): in a deeper folder every engine build fails with a ZMQ error about the path.
