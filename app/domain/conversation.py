@@ -234,8 +234,7 @@ class Session:
         place = versions.place(turn)
         newest = place == len(versions.tails) - 1
         del versions.tails[place]
-        # (`before` may name the newest itself where the record it came from was made up)
-        back = versions.before if newest and versions.before < len(versions.tails) else max(place - 1, 0)
+        back = versions.before if newest else max(place - 1, 0)
         versions.before = 0
         self.turns.extend(versions.tails[back])
         if len(versions.tails) == 1:  # one version left: no longer a choice
