@@ -373,9 +373,12 @@ def test_a_blind_battle_of_two_turns_takes_a_vote_names_the_models_and_updates_t
     # The two twins do not fit together here (max_resident=1): one side waits, unnamed.
     poll(lambda: any("waiting for its turn" in head.inner_text() for head in heads), 60)
     poll(lambda: all("done" in head.inner_text() for head in heads), 240)
+    # The picture went with the first message (the vote's modality below counts it).
+    assert all(page.locator(f"#arena-{side} [data-testid=user] img").count() == 1 for side in "ab")
     send(page, "And on the right?", box="arena-input")
     poll(lambda: all(len(arena_answers(page, side)) == 2 for side in "ab"), 240)
     poll(lambda: all("done" in head.inner_text() for head in heads), 240)
+    assert all(page.locator(f"#arena-{side} [data-testid=user] img").count() == 1 for side in "ab")
     seen = " ".join(
         [page.inner_text("#arena-a"), page.inner_text("#arena-b"), *(h.inner_text() for h in heads)]
     )
@@ -394,7 +397,10 @@ def test_a_blind_battle_of_two_turns_takes_a_vote_names_the_models_and_updates_t
     assert vote.outcome == "b" and {vote.model_a, vote.model_b} == {TINY_A, TINY_B}
     assert f"Model A was {labels[vote.model_a]}; Model B was {labels[vote.model_b]}" in revealed
     assert labels[vote.model_b] in heads[1].inner_text() and not page.locator("#arena-vote-a").is_visible()
-    assert history.votes("image") == [vote]
+    kinds = ("text", "image", "images", "video")
+    assert {kind: history.votes(kind) for kind in kinds} == {
+        kind: [vote] if kind == "image" else [] for kind in kinds
+    }
 
     # The leaderboard counts the vote (the winner first), by modality too, and exports it.
     page.get_by_role("tab", name="Leaderboard").click()

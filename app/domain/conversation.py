@@ -158,6 +158,12 @@ class Session:
     # The version of it this tab last stored or reopened (0: never stored): a save from a tab
     # that missed another tab's save is refused rather than overwriting it.
     stored_version: int = 0
+    # What that store held (a digest, `HistoryView.keep_chat`): a chat stored as it is is not
+    # stored again.
+    stored_digest: str = ""
+    # One store of it at a time: two at once would both start from `stored_version`, and the
+    # later would be refused as another tab's.
+    saving: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False, compare=False)
     # Set by the stop button; the streaming handler checks it at every event.
     stop_requested: bool = False
     # The place of the message being edited: the next one sent becomes its new version.
@@ -293,6 +299,7 @@ class Session:
         self.file_hashes.clear()
         self.conversation_id = secrets.token_hex(16)
         self.stored_version = 0
+        self.stored_digest = ""
 
 
 def same_file(a: Path, b: Path) -> bool:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +61,27 @@ MESSAGE_CHOICE = re.compile(r"\d{1,6}")
 SNIPPET = 40
 
 
+SAVE_FAILED = (
+    "This conversation could not be stored just now; it is still here, and the next answer tries again."
+)
+KEPT_OPEN = "This conversation could not be stored just now, so it stays open: try again in a moment."
+# Stores a tab's chat with the page's model and system prompt: "" once stored, else the line that
+# says why not (`HistoryView.keep_chat`).
+Keeper = Callable[[Visit, str, str], Awaitable[str]]
+
+
 class ChatView:
     def __init__(self, playground: Playground) -> None:
         self.playground = playground
+        # Set by the history where conversations are kept: an answer is stored before the page
+        # is shown its end, and a chat before Clear drops it.
+        self.keeper: Keeper | None = None
+
+    async def kept(self, visit: Visit | None, key: str, system: str) -> str:
+        """The chat stored as it is now (where a keeper is set); "" or why not."""
+        if self.keeper is None or visit is None:
+            return ""
+        return await self.keeper(visit, key, system)
 
     # --- handlers ----------------------------------------------------------------------------
 
@@ -106,7 +125,10 @@ class ChatView:
             yield conversation(session), box_idle(value=message), refusal(error), gr.skip()
             return
         session.editing = None
-        async for update in self.answer(card, session, turn, prompt, sampling, box_streaming(value=None)):
+        keep = partial(self.kept, visit, key, system)
+        async for update in self.answer(
+            card, session, turn, prompt, sampling, box_streaming(value=None), keep
+        ):
             yield update
         if turn.reply is not None and turn.reply.state == "failed":
             session.discard(turn)  # the message goes back to the box, to send again
@@ -136,7 +158,8 @@ class ChatView:
         except Exception as error:
             yield conversation(session), gr.skip(), refusal(error), gr.skip()
             return
-        async for update in self.answer(card, session, again, prompt, sampling, box_streaming()):
+        keep = partial(self.kept, visit, key, system)
+        async for update in self.answer(card, session, again, prompt, sampling, box_streaming(), keep):
             yield update
         if again.reply is not None and again.reply.state == "failed":
             session.discard(again)  # the earlier answer shown again, rather than none
@@ -150,11 +173,13 @@ class ChatView:
         prompt: Prompt,
         sampling: SamplingSettings,
         box: gr.MultimodalTextbox,
+        keep: Callable[[], Awaitable[str]],
     ) -> AsyncIterator[tuple[Any, ...]]:
         """Streams `card`'s answer into `turn`. Yields (chat, box, notice, size line); a
         failure ends with its notice and leaves the reply "failed". The stop button closes the
         stream, which aborts the request in the engine. The notice names the earlier files the
-        model no longer sees."""
+        model no longer sees. An answer that ended (or was stopped) is stored (`keep`) before
+        the page is shown its end: a tab closed, or a New chat clicked, as it ends loses nothing."""
         session.stop_requested = False
         turns = session.turns[: session.turns.index(turn) + 1]
         turn.reply = Reply.of(card, media=sent_media(turns, prompt.left_out))
@@ -168,16 +193,18 @@ class ChatView:
                 async for _ in replies:
                     if session.stop_requested:
                         break
-                    yield conversation(session), gr.skip(), notice, gr.skip()
+                    if not turn.reply.ended:  # its end is shown below, once stored
+                        yield conversation(session), gr.skip(), notice, gr.skip()
         except Exception as error:
             turn.reply.state = "failed"
             yield conversation(session), box_idle(), refusal(error), gr.skip()
             return
         await self.playground.draw_boxes(card, session, turn, turn.reply)
+        unkept = await keep()
         yield (
             conversation(session),
             box_idle(),
-            notice,
+            unkept or notice,
             size_line(card, size, turn.reply.prompt_tokens or None),
         )
 
@@ -214,9 +241,15 @@ class ChatView:
         files = [str(path) for path in turn.files]
         return conversation(session), box_idle(value={"text": turn.text, "files": files}), ""
 
-    def clear(self, visit: Visit | None) -> tuple[Any, ...]:
+    async def clear(self, visit: Visit | None, key: str | None = None, system: str = "") -> tuple[Any, ...]:
+        """A new, empty chat; the one shown is stored first (where that fails, it stays)."""
         if visit is not None:
-            visit.chat.close()
+            unkept = await self.kept(visit, key, system) if key is not None else ""
+            if unkept == SAVE_FAILED:
+                return gr.skip(), gr.skip(), KEPT_OPEN, gr.skip()
+            async with visit.chat.saving:  # not while it is being stored: its files go
+                visit.chat.close()
+            return [], box_idle(value=None), unkept, ""
         return [], box_idle(value=None), "", ""
 
     def edit(self, choice: Any, visit: Visit | None) -> tuple[Any, ...]:
@@ -434,7 +467,9 @@ class ChatView:
         self.changed = [sent, again, undone, switched]
         self.notice = notice
         # The chat's own trash icon clears the conversation too, not only the screen.
-        self.cleared = gr.on([clear.click, chatbot.clear], self.clear, [visit], outputs, **PRIVATE)
+        self.cleared = gr.on(
+            [clear.click, chatbot.clear], self.clear, [visit, model, system], outputs, **PRIVATE
+        )
         for event in (*self.changed, edited, self.cleared):
             self.refreshes_after(event, visit)
         model.change(

@@ -1,12 +1,14 @@
 """The history sidebar: a browser's stored conversations, to reopen, rename, delete, export and
-import. The chat saves its conversation here after every answer (`save_chat`), in a worker
-thread once the answer has ended, so a slow database never holds up a stream.
+import. The chat is stored here (`keep_chat`, the database in a worker thread) when an answer
+ends, before the page is shown its end, and before the tab drops it (New chat, Clear, another
+conversation opened), so a tab closed or a click made the moment an answer ends loses nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import shutil
 import tempfile
@@ -46,7 +48,7 @@ from app.storage.history import (
     describe_media,
     hash_file,
 )
-from app.views.chat import PRIVATE, ChatView, conversation
+from app.views.chat import KEPT_OPEN, PRIVATE, SAVE_FAILED, ChatView, conversation
 from app.views.compare import CompareView, columns_view, sent_view
 from app.views.grid import GridView
 from app.views.services import Playground, refusal
@@ -54,9 +56,6 @@ from app.views.services import Playground, refusal
 log = logging.getLogger(__name__)
 
 NO_HISTORY = "History is off on this server (APP_HISTORY=0): conversations are not stored."
-SAVE_FAILED = (
-    "This conversation could not be stored just now; it is still here, and the next answer tries again."
-)
 # Deleting is for good: the first click asks, a second one within this long deletes.
 CONFIRM_S = 30.0
 CONFIRM_DELETE = "Delete it for good? Click Delete again to confirm (or pick something else to keep it)."
@@ -151,6 +150,7 @@ class HistoryView:
         self.grid = grid
         self.reopened: list[Any] = []  # what reopening a conversation updates (set by `layout`)
         playground.on_close.append(self.store_at_exit)
+        chat.keeper = self.keep_chat
 
     @property
     def history(self) -> History | None:
@@ -160,31 +160,47 @@ class HistoryView:
 
     # --- what the chat calls -----------------------------------------------------------------
 
+    async def keep_chat(self, visit: Visit, model: str, system: str) -> str:
+        """Stores the tab's chat as it is now, unless it is stored so already: "" once stored,
+        else the line that says why not (another tab stored it meanwhile: `HistoryError`'s
+        line; the database failed: `SAVE_FAILED`)."""
+        history, session = self.history, visit.chat
+        if history is None:
+            return ""
+        async with session.saving:
+            try:
+                if not session.turns:  # every turn undone: nothing of it stays stored
+                    if session.stored_version:
+                        with contextlib.suppress(HistoryError):
+                            await asyncio.to_thread(history.delete, visit.browser_id, session.conversation_id)
+                    session.stored_version, session.stored_digest = 0, ""
+                    return ""
+                # Read on the event loop, as the chat is at this moment (the save runs in a thread).
+                record, files, stills = record_of(session, "chat", model, system)
+                digest = hashlib.sha256(record.model_dump_json().encode()).hexdigest()
+                if session.stored_version and digest == session.stored_digest:
+                    return ""
+                session.stored_version = await asyncio.to_thread(
+                    partial(history.save, changes=session.stored_version, stills=stills),
+                    visit.browser_id,
+                    record,
+                    files,
+                )
+                session.stored_digest = digest
+            except HistoryError as error:  # another tab stored it meanwhile
+                return str(error)
+            except Exception:
+                log.exception("storing a conversation failed")
+                return SAVE_FAILED
+        return ""
+
     async def save_chat(self, visit: Visit | None, model: str, system: str) -> Any:
-        """Stores the tab's chat (after an answer, an undo); a notice if the database failed,
-        else the chat's notice as it was."""
-        history = self.history
-        if history is None or visit is None:
+        """Stores the tab's chat where it changed (an undo, another version picked; an answer
+        is stored before it is shown ended); a notice if that failed, else the chat's notice as
+        it was."""
+        if visit is None:
             return gr.skip()
-        try:
-            if not visit.chat.turns:  # every turn undone: nothing of it stays stored
-                with contextlib.suppress(HistoryError):
-                    await asyncio.to_thread(history.delete, visit.browser_id, visit.chat.conversation_id)
-                visit.chat.stored_version = 0
-                return gr.skip()
-            record, files, stills = record_of(visit.chat, "chat", model, system)
-            visit.chat.stored_version = await asyncio.to_thread(
-                partial(history.save, changes=visit.chat.stored_version, stills=stills),
-                visit.browser_id,
-                record,
-                files,
-            )
-        except HistoryError as error:  # another tab stored it meanwhile
-            return str(error)
-        except Exception:
-            log.exception("storing a conversation failed")
-            return SAVE_FAILED
-        return gr.skip()
+        return await self.keep_chat(visit, model, system) or gr.skip()
 
     async def save_compare(self, visit: Visit | None, keys: list[str] | None, system: str) -> Any:
         """Stores the comparison that just ended (each run is a conversation of one turn)."""
@@ -253,9 +269,12 @@ class HistoryView:
             return gr.skip()
         return await self.listing(visit)
 
-    async def reopen(self, conversation_id: str | None, visit: Visit | None) -> tuple[Any, ...]:
+    async def reopen(
+        self, conversation_id: str | None, visit: Visit | None, model: str | None = None, system: str = ""
+    ) -> tuple[Any, ...]:
         """Opens a stored conversation: a chat in the chat tab (its turns, files, answers and
-        model, to go on with), a comparison in the compare tab (its columns)."""
+        model, to go on with), a comparison in the compare tab (its columns). The open chat is
+        stored first (with the page's `model` and `system` prompt)."""
         unchanged = (gr.skip(),) * len(self.reopened)
         self.playground.active(visit)
         history = self.history
@@ -263,6 +282,8 @@ class HistoryView:
             return unchanged
         if conversation_id == visit.chat.conversation_id:
             return unchanged
+        if model is not None and await self.keep_chat(visit, model, system) == SAVE_FAILED:
+            return (*unchanged[:-1], KEPT_OPEN)
         try:
             record = await asyncio.to_thread(history.load, visit.browser_id, conversation_id)
         except HistoryError as error:
@@ -283,15 +304,16 @@ class HistoryView:
             visit.compare.close()
             visit.compare = session
             return self.compare_shown(record, session, notice)
-        visit.chat.close()
+        async with visit.chat.saving:  # not while it is being stored: its files go
+            visit.chat.close()
         visit.chat = session
-        model: Any = record.model if choice is not None and not choice.reason else gr.skip()
+        picked: Any = record.model if choice is not None and not choice.reason else gr.skip()
         if choice is not None and not choice.reason:
             visit.chat_model = record.model
         skip_compare = (gr.skip(),) * (len(self.reopened) - 5)
         return (
             conversation(session),
-            model,
+            picked,
             record.system_prompt,
             gr.Tabs(selected="chat-tab"),
             *skip_compare,
@@ -436,11 +458,18 @@ class HistoryView:
         source = choice.card.source if choice is not None else stored.model
         return stored_reply(stored, source, media=list(turn.media))
 
-    def new_chat(self, visit: Visit | None) -> tuple[Any, ...]:
-        """A new conversation; the one open stays stored."""
-        if visit is not None:
+    async def new_chat(
+        self, visit: Visit | None, model: str | None = None, system: str = ""
+    ) -> tuple[Any, ...]:
+        """A new conversation; the one open is stored first (where that fails, it stays open)."""
+        if visit is None:
+            return [], gr.Radio(value=None), ""
+        notice = await self.keep_chat(visit, model, system) if model is not None else ""
+        if notice == SAVE_FAILED:
+            return gr.skip(), gr.skip(), KEPT_OPEN
+        async with visit.chat.saving:
             visit.chat.close()
-        return [], gr.Radio(value=None), ""
+        return [], gr.Radio(value=None), notice
 
     async def _on_picked(
         self, conversation_id: str | None, visit: Visit | None, action: Callable[[History, str, str], Any]
@@ -472,12 +501,19 @@ class HistoryView:
         if notice or visit is None:
             return gr.skip(), notice
         if conversation_id == visit.chat.conversation_id:
-            visit.chat.close()
+            async with visit.chat.saving:
+                visit.chat.close()
             return [], ""
         return gr.skip(), ""
 
-    async def export(self, conversation_id: str | None, visit: Visit | None) -> tuple[Any, ...]:
-        """The conversation as a JSON file to download."""
+    async def export(
+        self, conversation_id: str | None, visit: Visit | None, model: str | None = None, system: str = ""
+    ) -> tuple[Any, ...]:
+        """The conversation as a JSON file to download; the open chat as the page shows it
+        (stored first)."""
+        open_chat = visit is not None and model is not None and conversation_id == visit.chat.conversation_id
+        if open_chat and (notice := await self.keep_chat(visit, model, system)):
+            return gr.skip(), notice
         text, notice = await self._on_picked(conversation_id, visit, History.export)
         if notice or visit is None or conversation_id is None:
             return gr.skip(), notice
@@ -555,11 +591,12 @@ class HistoryView:
             saved = changed.then(self.save_chat, inputs, [chat.notice], show_progress="hidden", **PRIVATE)
             saved.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
         chat.cleared.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
-        opened = listed.input(self.reopen, [listed, visit], self.reopened, **PRIVATE)
+        here = [visit, chat.model, chat.system]  # the open chat, stored before it is dropped
+        opened = listed.input(self.reopen, [listed, *here], self.reopened, **PRIVATE)
         # A grid run reopens in the grid tab, which shows what the tab's grid now holds.
         opened.then(self.grid.shown, [visit], self.grid.restored, show_progress="hidden", **PRIVATE)
         opened.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
-        renewed = new.click(self.new_chat, [visit], [chatbot, listed, notice], **PRIVATE)
+        renewed = new.click(self.new_chat, here, [chatbot, listed, notice], **PRIVATE)
         rename.click(self.rename, [listed, title, visit], [title, notice], **PRIVATE).then(
             self.listing, [visit], [listed], show_progress="hidden", **PRIVATE
         )
@@ -567,7 +604,7 @@ class HistoryView:
         deleted.then(self.listing_unless_asked, [visit], [listed], show_progress="hidden", **PRIVATE)
         for event in (opened, renewed, deleted):  # the chat's edit controls, for its new chat
             chat.refreshes_after(event, visit)
-        export.click(self.export, [listed, visit], [download, notice], **PRIVATE)
+        export.click(self.export, [listed, *here], [download, notice], **PRIVATE)
         imported = load.upload(self.import_file, [load, visit], [listed, notice], **PRIVATE)
         imported.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
         return listed
