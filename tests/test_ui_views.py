@@ -123,6 +123,8 @@ def test_the_chat_api_streams_through_gradio_client(
     job = client.submit(message, TINY_A, "", 0.0, 1.0, 24, 7, api_name="/chat")
     updates = list(job)
     assert len(updates) >= 2 and updates[-1] and all(updates[-1].startswith(u) for u in updates)
+    # A call is a one-off: nothing of it is kept in the history (there is no visitor to own it).
+    assert served[0].history is not None and served[0].history.list("") == []
     with pytest.raises(AppError, match="cannot be served here"):
         client.predict({"text": "hi", "files": []}, "qwen2_5_vl", "", 0.7, 1.0, 16, None, api_name="/chat")
     with pytest.raises(AppError, match="Pick a model"):

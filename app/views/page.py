@@ -77,7 +77,9 @@ class Page:
         self.sessions = playground.sessions
         self.chat = ChatView(playground)
         self.compare = CompareView(playground)
-        self.api = ChatApi(self.chat)
+        # `/chat` has a chat view of its own, which the history never stores: a call is a one-off
+        # with no visitor to own it.
+        self.api = ChatApi(ChatView(playground))
         self.grid = GridView(playground)
         self.history = HistoryView(playground, self.chat, self.compare, self.grid)
         # The arena and its leaderboard keep their votes in the database (`app.storage.history`).
