@@ -6,7 +6,7 @@ database and on the leaderboard), and watches the server's memory.
     .venv/bin/python bench/bench_visitors.py [--visitors 50] [--browsers 8] [--duration 180]
 
 The app runs as `python -m app` in a subprocess on a free port, with its own data folder and
-temporary folder, the default CPU catalog (the seeing demo model and two random-weight twins)
+temporary folder, the default CPU catalog (the two seeing demo models and two random-weight twins)
 and its public defaults, but for the arena's vote limits: every visitor here comes from
 127.0.0.1, so they are raised (`APP_ARENA_VOTES_PER_HOUR`, `..._PER_ADDRESS_PER_HOUR`).
 `--browsers` of the visitors drive a page each (one Chromium, a context per visitor: its own
@@ -451,12 +451,18 @@ class PageVisitor:
         path = self.folder / f"{self.name}-import-{self.imports}.json"
         path.write_bytes(data)
         await self.open_sidebar()
+        listed = await self.p.locator("#history-list label").count()
         async with self.p.expect_file_chooser() as chooser:
             await self.p.click("#history-import")
         await (await chooser.value).set_files(str(path))
         try:
+            # A notice alone can be the last import's (the same title says the same line): the
+            # list must have grown by the imported conversation too.
             await self.p.wait_for_function(
-                "document.querySelector('#history-notice').innerText.includes('Imported')", polling=200
+                "n => document.querySelector('#history-notice').innerText.includes('Imported') && "
+                "document.querySelectorAll('#history-list label').length > n",
+                arg=listed,
+                polling=200,
             )
         except Exception:
             self.imports -= 1

@@ -627,9 +627,78 @@ def test_new_chat_export_clear_and_opening_another_store_the_open_chat_first(loo
     loop.run(view.reopen(first, visit, "tiny-a", ""))
     assert [t.text for t in history.load("dropper", third).turns] == ["left for another"]
     assert [t.text for t in visit.chat.turns] == ["one", "two", "three"]
-    # Stored as it is, the chat is not stored again (no new version for nothing).
-    loop.run(view.save_chat(visit, "tiny-a", ""))
+    # Opened and left as it was, it is not stored again: no new version, and not the model or
+    # system prompt the page holds but never sent.
     version = history.load("dropper", first).version
     loop.run(view.save_chat(visit, "tiny-a", ""))
-    loop.run(view.new_chat(visit, "tiny-a", ""))
-    assert history.load("dropper", first).version == version
+    loop.run(view.new_chat(visit, "tiny-b", "typed, never sent"))
+    kept = history.load("dropper", first)
+    assert (kept.version, kept.model, kept.system_prompt) == (version, "tiny-a", "")
+
+
+def test_an_export_where_another_tab_stored_the_chat_is_the_stored_one_with_a_line_why(loop, views):
+    view, _ = views
+    first, second = Visit(browser_id="exporter"), Visit(browser_id="exporter")
+    first.chat.turns.append(chat_turn("Hello?", "hi"))
+    loop.run(view.save_chat(first, "tiny-a", ""))
+    conversation_id = first.chat.conversation_id
+    loop.run(view.reopen(conversation_id, second))
+    second.chat.turns.append(chat_turn("From tab two", "two"))
+    loop.run(view.save_chat(second, "tiny-a", ""))
+    first.chat.turns.append(chat_turn("From tab one", "one"))  # refused: tab two stored first
+    download, notice = loop.run(view.export(conversation_id, first, "tiny-a", ""))
+    exported = json.loads(Path(download.value["path"]).read_text())
+    assert [t["text"] for t in exported["conversation"]["turns"]] == ["Hello?", "From tab two"]
+    assert "another tab" in notice and "\n" not in notice
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_an_answer_ending_after_another_conversation_was_opened_leaves_that_one_as_it_was(loop, views):
+    """The answer's store is of the chat it went into: opened meanwhile, another conversation is
+    not overwritten with the streaming one's model and system prompt (nor a version added)."""
+    view, history = views
+    _, visit = view.playground.sessions.attach(None, "page-moves-on")
+    visit.browser_id = "mover"
+    other = Visit(browser_id="mover")
+    other.chat.turns.append(chat_turn("Kept as it is", "yes"))
+    loop.run(view.save_chat(other, "tiny-b", "system b"))
+    before = history.load("mover", other.chat.conversation_id)
+
+    async def run() -> None:
+        message = {"text": "Count to a hundred.", "files": []}
+        updates = view.chat.send(message, visit, "tiny-a", "system a", 0.0, 1.0, 64, 0)
+        opened = False
+        async for _ in updates:
+            reply = visit.chat.turns[-1].reply if visit.chat.turns else None
+            if not opened and reply is not None and reply.answer and not reply.ended:
+                opened = True
+                await view.reopen(before.id, visit, "tiny-a", "system a")
+        assert opened, "the answer ended before anything else was opened"
+
+    loop.run(run())
+    after = history.load("mover", before.id)
+    assert (after.version, after.model, after.system_prompt) == (before.version, "tiny-b", "system b")
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_comparison_is_stored_before_the_page_is_shown_its_end(loop, views):
+    """As an answer in the chat: the page is shown a comparison's end (every column ended) only
+    once the run is stored."""
+    view, history = views
+    _, visit = view.playground.sessions.attach(None, "page-compares")
+    visit.browser_id = "comparer"
+    stored_when_shown = []
+
+    async def run() -> None:
+        message = {"text": "What shape?", "files": []}
+        updates = view.compare.compare(message, visit, ["tiny-a", "tiny-b"], "", False, 0.0, 1.0, 8, 0)
+        async for _ in updates:
+            columns = visit.compare.turns[-1].columns if visit.compare.turns else []
+            if columns and all(column.ended for column in columns):
+                (turn,) = history.load("comparer", visit.compare.conversation_id).turns
+                stored_when_shown.append(sorted(r.model for r in turn.replies))
+
+    loop.run(run())
+    assert stored_when_shown == [["tiny-a", "tiny-b"]]

@@ -65,9 +65,10 @@ SAVE_FAILED = (
     "This conversation could not be stored just now; it is still here, and the next answer tries again."
 )
 KEPT_OPEN = "This conversation could not be stored just now, so it stays open: try again in a moment."
-# Stores a tab's chat with the page's model and system prompt: "" once stored, else the line that
+# Stores a tab's chat (the session given: the one an answer went into, though another may be open
+# by the time it ends) with the page's model and system prompt: "" once stored, else the line that
 # says why not (`HistoryView.keep_chat`).
-Keeper = Callable[[Visit, str, str], Awaitable[str]]
+Keeper = Callable[[Visit, Session, str, str], Awaitable[str]]
 
 
 class ChatView:
@@ -77,11 +78,11 @@ class ChatView:
         # is shown its end, and a chat before Clear drops it.
         self.keeper: Keeper | None = None
 
-    async def kept(self, visit: Visit | None, key: str, system: str) -> str:
-        """The chat stored as it is now (where a keeper is set); "" or why not."""
+    async def kept(self, visit: Visit | None, session: Session, key: str, system: str) -> str:
+        """`session` stored as it is now (where a keeper is set); "" or why not."""
         if self.keeper is None or visit is None:
             return ""
-        return await self.keeper(visit, key, system)
+        return await self.keeper(visit, session, key, system)
 
     # --- handlers ----------------------------------------------------------------------------
 
@@ -125,7 +126,7 @@ class ChatView:
             yield conversation(session), box_idle(value=message), refusal(error), gr.skip()
             return
         session.editing = None
-        keep = partial(self.kept, visit, key, system)
+        keep = partial(self.kept, visit, session, key, system)
         async for update in self.answer(
             card, session, turn, prompt, sampling, box_streaming(value=None), keep
         ):
@@ -158,7 +159,7 @@ class ChatView:
         except Exception as error:
             yield conversation(session), gr.skip(), refusal(error), gr.skip()
             return
-        keep = partial(self.kept, visit, key, system)
+        keep = partial(self.kept, visit, session, key, system)
         async for update in self.answer(card, session, again, prompt, sampling, box_streaming(), keep):
             yield update
         if again.reply is not None and again.reply.state == "failed":
@@ -191,13 +192,16 @@ class ChatView:
                 self.playground.reply_stream(card, messages, sampling, turn.reply)
             ) as replies:
                 async for _ in replies:
-                    if session.stop_requested:
+                    if session.stop_requested or dropped(session, turn):
                         break
                     if not turn.reply.ended:  # its end is shown below, once stored
                         yield conversation(session), gr.skip(), notice, gr.skip()
         except Exception as error:
             turn.reply.state = "failed"
             yield conversation(session), box_idle(), refusal(error), gr.skip()
+            return
+        if dropped(session, turn):  # the chat shown now is another's: it is left alone
+            yield gr.skip(), box_idle(), gr.skip(), gr.skip()
             return
         await self.playground.draw_boxes(card, session, turn, turn.reply)
         unkept = await keep()
@@ -244,9 +248,9 @@ class ChatView:
     async def clear(self, visit: Visit | None, key: str | None = None, system: str = "") -> tuple[Any, ...]:
         """A new, empty chat; the one shown is stored first (where that fails, it stays)."""
         if visit is not None:
-            unkept = await self.kept(visit, key, system) if key is not None else ""
-            if unkept == SAVE_FAILED:
-                return gr.skip(), gr.skip(), KEPT_OPEN, gr.skip()
+            unkept = await self.kept(visit, visit.chat, key, system) if key is not None else ""
+            if unkept == SAVE_FAILED:  # (the trash icon has emptied the chat on the page: shown again)
+                return conversation(visit.chat), gr.skip(), KEPT_OPEN, gr.skip()
             async with visit.chat.saving:  # not while it is being stored: its files go
                 visit.chat.close()
             return [], box_idle(value=None), unkept, ""
@@ -488,6 +492,12 @@ class ChatView:
             **PRIVATE,
         )
         return chatbot
+
+
+def dropped(session: Session, turn: Turn) -> bool:
+    """Whether the chat let go of `turn` while its answer streamed (Undo, Clear, New chat, another
+    conversation opened): its answer is stopped, and the chat then shown is not written over."""
+    return not any(kept is turn for kept in session.every_turn())
 
 
 def menus_shape(visit: Visit | None) -> tuple[Any, ...]:

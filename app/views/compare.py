@@ -6,7 +6,7 @@ Every handler takes the tab's `Visit` (`app.domain.sessions`) and changes only i
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,9 @@ from app.views.widgets import (
 class CompareView:
     def __init__(self, playground: Playground) -> None:
         self.playground = playground
+        # Set by the history where conversations are kept (`HistoryView.keep_compare`): a run
+        # is stored before the page is shown its end.
+        self.keeper: Callable[[Visit, Session, list[str], str], Awaitable[str]] | None = None
 
     # --- handlers ----------------------------------------------------------------------------
 
@@ -64,7 +67,8 @@ class CompareView:
             sampling = self.playground.sampling(cards[0], *controls)
             for card in cards[1:]:
                 within_page_bounds(card, sampling)  # the same values, each model's bounds
-            session.close()
+            async with session.saving:  # not while the last run is being stored: its files go
+                session.close()
             turn, clip = await make_turn(session, text, files, self.playground.decoder, cards[0].video_frames)
         except Exception as error:
             yield (
@@ -98,14 +102,27 @@ class CompareView:
         ) as run:
             async for update in run:
                 turn.columns = update.columns
+                if session.stop_requested or not any(t is turn for t in session.turns):
+                    break
+                if all(column.ended for column in update.columns):
+                    continue  # the end is shown below, once stored
                 yield *columns_view(update), sent, box, "", gr.skip(), gr.skip()
                 sent, box = gr.skip(), gr.skip()
-                if session.stop_requested:
-                    break
+        if not any(t is turn for t in session.turns):  # another opened meanwhile: left as it is
+            yield (
+                *(gr.skip(),) * len(columns_view(None)),
+                gr.skip(),
+                box_idle(),
+                gr.skip(),
+                gr.skip(),
+                gr.skip(),
+            )
+            return
         for card, column in zip(cards, comparison.columns, strict=True):
             if column.state == "done":
                 await self.playground.draw_boxes(card, session, turn, column)
-        yield *columns_view(comparison), gr.skip(), box_idle(), "", *self.exports(session, comparison)
+        unkept = await self.keeper(visit, session, keys, system) if self.keeper and visit else ""
+        yield *columns_view(comparison), sent, box_idle(), unkept, *self.exports(session, comparison)
 
     def stop(self, visit: Visit | None) -> None:
         if visit is not None:

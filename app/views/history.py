@@ -120,6 +120,12 @@ def record_of(
     return record, files, stills
 
 
+def turns_digest(record: ConversationRecord) -> str:
+    """What a record's turns hold, in a few bytes: a chat whose turns are stored as they are is
+    not stored again (a model or system prompt picked but not sent is no change to store)."""
+    return hashlib.sha256(record.model_dump_json(include={"turns"}).encode()).hexdigest()
+
+
 def media_lines(turn: Turn) -> list[str]:
     """Each file's description ("name: image, 12 KB, 64×48 px") in the order of `turn.files`."""
     lines = {line.split(": ", 1)[0]: line for line in turn.media}
@@ -150,7 +156,7 @@ class HistoryView:
         self.grid = grid
         self.reopened: list[Any] = []  # what reopening a conversation updates (set by `layout`)
         playground.on_close.append(self.store_at_exit)
-        chat.keeper = self.keep_chat
+        chat.keeper, compare.keeper = self.keep_chat, self.keep_compare
 
     @property
     def history(self) -> History | None:
@@ -160,11 +166,21 @@ class HistoryView:
 
     # --- what the chat calls -----------------------------------------------------------------
 
-    async def keep_chat(self, visit: Visit, model: str, system: str) -> str:
-        """Stores the tab's chat as it is now, unless it is stored so already: "" once stored,
-        else the line that says why not (another tab stored it meanwhile: `HistoryError`'s
-        line; the database failed: `SAVE_FAILED`)."""
-        history, session = self.history, visit.chat
+    async def keep_chat(self, visit: Visit, session: Session, model: str, system: str) -> str:
+        """Stores a chat of the tab (`session`) as it is now, unless its turns are stored so
+        already: "" once stored, else the line that says why not (another tab stored it
+        meanwhile: `HistoryError`'s line; the database failed: `SAVE_FAILED`). A chat the tab
+        dropped meanwhile (New chat, another opened) is left as it was stored then."""
+        return await self._keep(visit, session, "chat", model, system)
+
+    async def keep_compare(self, visit: Visit, session: Session, keys: list[str] | None, system: str) -> str:
+        """Stores a comparison run of the tab as `keep_chat` stores a chat."""
+        if not any(turn.columns for turn in session.turns):
+            return ""
+        return await self._keep(visit, session, "compare", ",".join(keys or []), system)
+
+    async def _keep(self, visit: Visit, session: Session, kind: Kind, model: str, system: str) -> str:
+        history = self.history
         if history is None:
             return ""
         async with session.saving:
@@ -176,8 +192,8 @@ class HistoryView:
                     session.stored_version, session.stored_digest = 0, ""
                     return ""
                 # Read on the event loop, as the chat is at this moment (the save runs in a thread).
-                record, files, stills = record_of(session, "chat", model, system)
-                digest = hashlib.sha256(record.model_dump_json().encode()).hexdigest()
+                record, files, stills = record_of(session, kind, model, system)
+                digest = turns_digest(record)
                 if session.stored_version and digest == session.stored_digest:
                     return ""
                 session.stored_version = await asyncio.to_thread(
@@ -200,27 +216,14 @@ class HistoryView:
         it was."""
         if visit is None:
             return gr.skip()
-        return await self.keep_chat(visit, model, system) or gr.skip()
+        return await self.keep_chat(visit, visit.chat, model, system) or gr.skip()
 
     async def save_compare(self, visit: Visit | None, keys: list[str] | None, system: str) -> Any:
-        """Stores the comparison that just ended (each run is a conversation of one turn)."""
-        history = self.history
-        if history is None or visit is None or not any(t.columns for t in visit.compare.turns):
+        """Stores the comparison that just ended (each run is a conversation of one turn),
+        unless it is stored so already (`CompareView` stores it before it shows its end)."""
+        if visit is None:
             return gr.skip()
-        try:
-            record, files, stills = record_of(visit.compare, "compare", ",".join(keys or []), system)
-            visit.compare.stored_version = await asyncio.to_thread(
-                partial(history.save, changes=visit.compare.stored_version, stills=stills),
-                visit.browser_id,
-                record,
-                files,
-            )
-        except HistoryError as error:
-            return str(error)
-        except Exception:
-            log.exception("storing a comparison failed")
-            return SAVE_FAILED
-        return gr.skip()
+        return await self.keep_compare(visit, visit.compare, keys, system) or gr.skip()
 
     def store_at_exit(self, visit: Visit) -> None:
         """The app is stopping: the tab's chat and comparison stored as they are, an answer the
@@ -282,7 +285,8 @@ class HistoryView:
             return unchanged
         if conversation_id == visit.chat.conversation_id:
             return unchanged
-        if model is not None and await self.keep_chat(visit, model, system) == SAVE_FAILED:
+        kept = await self.keep_chat(visit, visit.chat, model, system) if model is not None else ""
+        if kept == SAVE_FAILED:
             return (*unchanged[:-1], KEPT_OPEN)
         try:
             record = await asyncio.to_thread(history.load, visit.browser_id, conversation_id)
@@ -299,9 +303,14 @@ class HistoryView:
         missing = await asyncio.to_thread(
             self._restore, history, visit.browser_id, record, session, video_frames
         )
-        notice = GONE_FILES.format(days=self.playground.settings.media_retention_days) if missing else ""
+        notice = GONE_FILES.format(days=self.playground.settings.media_retention_days) if missing else kept
+        # As restored, it is stored: opening it and moving on stores nothing.
+        session.stored_digest = turns_digest(
+            record_of(session, record.kind, record.model, record.system_prompt)[0]
+        )
         if record.kind == "compare":
-            visit.compare.close()
+            async with visit.compare.saving:  # not while it is being stored: its files go
+                visit.compare.close()
             visit.compare = session
             return self.compare_shown(record, session, notice)
         async with visit.chat.saving:  # not while it is being stored: its files go
@@ -438,6 +447,7 @@ class HistoryView:
                 turn.gone.append(self._gone(history, browser_id, medium, session))
                 continue
             kept = session.keep(path)
+            session.file_hashes[kept] = medium.hash  # the store keeps files under their content's hash
             turn.names[kept] = medium.name
             turn.media.append(medium.description or medium.name)
             if medium.kind == "video":
@@ -464,7 +474,7 @@ class HistoryView:
         """A new conversation; the one open is stored first (where that fails, it stays open)."""
         if visit is None:
             return [], gr.Radio(value=None), ""
-        notice = await self.keep_chat(visit, model, system) if model is not None else ""
+        notice = await self.keep_chat(visit, visit.chat, model, system) if model is not None else ""
         if notice == SAVE_FAILED:
             return gr.skip(), gr.skip(), KEPT_OPEN
         async with visit.chat.saving:
@@ -511,16 +521,16 @@ class HistoryView:
     ) -> tuple[Any, ...]:
         """The conversation as a JSON file to download; the open chat as the page shows it
         (stored first)."""
-        open_chat = visit is not None and model is not None and conversation_id == visit.chat.conversation_id
-        if open_chat and (notice := await self.keep_chat(visit, model, system)):
-            return gr.skip(), notice
+        kept = ""  # where the open chat could not be stored: the stored one, and the line why
+        if visit is not None and model is not None and conversation_id == visit.chat.conversation_id:
+            kept = await self.keep_chat(visit, visit.chat, model, system)
         text, notice = await self._on_picked(conversation_id, visit, History.export)
         if notice or visit is None or conversation_id is None:
             return gr.skip(), notice
         folder = Path(tempfile.mkdtemp(prefix="vlm-export-", dir=visit.chat.folder))
         path = folder / f"conversation-{conversation_id[:8]}.json"
         path.write_text(text)
-        return gr.DownloadButton(value=str(path), visible=True), ""
+        return gr.DownloadButton(value=str(path), visible=True), kept
 
     async def import_file(self, upload: str | None, visit: Visit | None) -> tuple[Any, ...]:
         if self.history is None or visit is None:
@@ -597,6 +607,7 @@ class HistoryView:
         opened.then(self.grid.shown, [visit], self.grid.restored, show_progress="hidden", **PRIVATE)
         opened.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
         renewed = new.click(self.new_chat, here, [chatbot, listed, notice], **PRIVATE)
+        renewed.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
         rename.click(self.rename, [listed, title, visit], [title, notice], **PRIVATE).then(
             self.listing, [visit], [listed], show_progress="hidden", **PRIVATE
         )
