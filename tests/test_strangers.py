@@ -668,17 +668,25 @@ def test_an_answer_ending_after_another_conversation_was_opened_leaves_that_one_
     async def run() -> None:
         message = {"text": "Count to a hundred.", "files": []}
         updates = view.chat.send(message, visit, "tiny-a", "system a", 0.0, 1.0, 64, 0)
-        opened = False
-        async for _ in updates:
+        async for update in updates:
             reply = visit.chat.turns[-1].reply if visit.chat.turns else None
-            if not opened and reply is not None and reply.answer and not reply.ended:
-                opened = True
+            if not left and reply is not None and reply.answer and not reply.ended:
+                left.append(visit.chat.conversation_id)
                 await view.reopen(before.id, visit, "tiny-a", "system a")
-        assert opened, "the answer ended before anything else was opened"
+            elif left:
+                shown_after.append(update[0])
+        assert left, "the answer ended before anything else was opened"
 
+    left: list[str] = []
+    shown_after: list[Any] = []
     loop.run(run())
     after = history.load("mover", before.id)
     assert (after.version, after.model, after.system_prompt) == (before.version, "tiny-b", "system b")
+    # The page then shows the conversation opened: the stopped answer does not write over it.
+    assert all(isinstance(shown, dict) and shown.get("__type__") == "update" for shown in shown_after)
+    # The conversation left was stored with what its answer had said so far, as stopped.
+    (turn,) = history.load("mover", left[0]).turns
+    assert [r.state for r in turn.replies] == ["stopped"] and turn.replies[0].answer
 
 
 @pytest.mark.slow

@@ -286,6 +286,14 @@ class Session:
         walk(self.turns)
         return found
 
+    def stop_unended(self) -> None:
+        """Every answer still streaming, in any version, marked stopped: the chat is being let
+        go of (or stored as the app stops), and is stored with what came so far."""
+        for turn in self.every_turn():
+            for reply in [*turn.columns, *([turn.reply] if turn.reply is not None else [])]:
+                if not reply.ended:
+                    reply.state = "stopped"
+
     def close(self) -> None:
         """Deletes the conversation and its folder: the session's own copies of what it sent.
         The uploads themselves are not the session's to delete: Gradio keeps identical uploads of

@@ -114,24 +114,25 @@ class ChatView:
             turn, clip = await make_turn(session, text, files, self.playground.decoder, card.video_frames)
             clips = {turn.video: clip} if clip else None
             prompt = await self.playground.prompt_for(card, [*earlier, turn], system, clips)
-            # Undo, Clear or another version picked while the prompt was made: it was made for
-            # a chat that is no longer shown.
-            if not session.starts_with(expected):
+            # Undo, Clear, another version picked or another conversation opened while the prompt
+            # was made: it was made for a chat that is no longer shown.
+            if not session.starts_with(expected) or visit.chat is not session:
                 raise ConversationError(CHANGED_MEANWHILE)
             if editing is None:
                 session.turns.append(turn)
             else:
                 session.branch(editing, turn)
         except Exception as error:
-            yield conversation(session), box_idle(value=message), refusal(error), gr.skip()
+            yield shown_if(visit, session), box_idle(value=message), refusal(error), gr.skip()
             return
         session.editing = None
         keep = partial(self.kept, visit, session, key, system)
+        gone = partial(let_go, visit, session, turn)
         async for update in self.answer(
-            card, session, turn, prompt, sampling, box_streaming(value=None), keep
+            card, session, turn, prompt, sampling, box_streaming(value=None), keep, gone
         ):
             yield update
-        if turn.reply is not None and turn.reply.state == "failed":
+        if turn.reply is not None and turn.reply.state == "failed" and not gone():
             session.discard(turn)  # the message goes back to the box, to send again
             session.editing = editing if session.starts_with(earlier) else None
             yield conversation(session), box_idle(value=message), gr.skip(), gr.skip()
@@ -151,18 +152,19 @@ class ChatView:
             sampling = self.playground.sampling(card, *controls)
             check_media(card, [str(path) for path in turn.files])
             prompt = await self.playground.prompt_for(card, session.turns, system)
-            if not session.turns or session.turns[-1] is not turn:  # changed while it was made
-                raise ConversationError(CHANGED_MEANWHILE)
+            if not session.turns or session.turns[-1] is not turn or visit.chat is not session:
+                raise ConversationError(CHANGED_MEANWHILE)  # changed while it was made
             # A new version of the last exchange: the earlier answer stays, under Versions.
             again = turn.again()
             session.branch(len(session.turns) - 1, again)
         except Exception as error:
-            yield conversation(session), gr.skip(), refusal(error), gr.skip()
+            yield shown_if(visit, session), gr.skip(), refusal(error), gr.skip()
             return
         keep = partial(self.kept, visit, session, key, system)
-        async for update in self.answer(card, session, again, prompt, sampling, box_streaming(), keep):
+        gone = partial(let_go, visit, session, again)
+        async for update in self.answer(card, session, again, prompt, sampling, box_streaming(), keep, gone):
             yield update
-        if again.reply is not None and again.reply.state == "failed":
+        if again.reply is not None and again.reply.state == "failed" and not gone():
             session.discard(again)  # the earlier answer shown again, rather than none
             yield conversation(session), gr.skip(), gr.skip(), gr.skip()
 
@@ -175,12 +177,15 @@ class ChatView:
         sampling: SamplingSettings,
         box: gr.MultimodalTextbox,
         keep: Callable[[], Awaitable[str]],
+        gone: Callable[[], bool],
     ) -> AsyncIterator[tuple[Any, ...]]:
         """Streams `card`'s answer into `turn`. Yields (chat, box, notice, size line); a
         failure ends with its notice and leaves the reply "failed". The stop button closes the
         stream, which aborts the request in the engine. The notice names the earlier files the
         model no longer sees. An answer that ended (or was stopped) is stored (`keep`) before
-        the page is shown its end: a tab closed, or a New chat clicked, as it ends loses nothing."""
+        the page is shown its end: a tab closed, or a New chat clicked, as it ends loses nothing.
+        Where the tab let go of the turn meanwhile (`gone`), the answer stops and the chat shown
+        then, another, is left alone."""
         session.stop_requested = False
         turns = session.turns[: session.turns.index(turn) + 1]
         turn.reply = Reply.of(card, media=sent_media(turns, prompt.left_out))
@@ -192,19 +197,23 @@ class ChatView:
                 self.playground.reply_stream(card, messages, sampling, turn.reply)
             ) as replies:
                 async for _ in replies:
-                    if session.stop_requested or dropped(session, turn):
+                    if session.stop_requested or gone():
                         break
                     if not turn.reply.ended:  # its end is shown below, once stored
                         yield conversation(session), gr.skip(), notice, gr.skip()
         except Exception as error:
             turn.reply.state = "failed"
+            if gone():
+                yield gr.skip(), box_idle(), gr.skip(), gr.skip()
+                return
             yield conversation(session), box_idle(), refusal(error), gr.skip()
             return
-        if dropped(session, turn):  # the chat shown now is another's: it is left alone
+        if not gone():
+            await self.playground.draw_boxes(card, session, turn, turn.reply)
+        unkept = "" if gone() else await keep()
+        if gone():  # (checked again after each wait: the tab may let go of it meanwhile)
             yield gr.skip(), box_idle(), gr.skip(), gr.skip()
             return
-        await self.playground.draw_boxes(card, session, turn, turn.reply)
-        unkept = await keep()
         yield (
             conversation(session),
             box_idle(),
@@ -248,6 +257,8 @@ class ChatView:
     async def clear(self, visit: Visit | None, key: str | None = None, system: str = "") -> tuple[Any, ...]:
         """A new, empty chat; the one shown is stored first (where that fails, it stays)."""
         if visit is not None:
+            if key is not None:  # an answer still streaming is stored as stopped (it stops)
+                visit.chat.stop_unended()
             unkept = await self.kept(visit, visit.chat, key, system) if key is not None else ""
             if unkept == SAVE_FAILED:  # (the trash icon has emptied the chat on the page: shown again)
                 return conversation(visit.chat), gr.skip(), KEPT_OPEN, gr.skip()
@@ -494,10 +505,17 @@ class ChatView:
         return chatbot
 
 
-def dropped(session: Session, turn: Turn) -> bool:
-    """Whether the chat let go of `turn` while its answer streamed (Undo, Clear, New chat, another
+def let_go(visit: Visit | None, session: Session, turn: Turn) -> bool:
+    """Whether the tab let go of `turn` while its answer streamed (Undo, Clear, New chat, another
     conversation opened): its answer is stopped, and the chat then shown is not written over."""
+    if visit is not None and visit.chat is not session:
+        return True
     return not any(kept is turn for kept in session.every_turn())
+
+
+def shown_if(visit: Visit | None, session: Session) -> Any:
+    """`session`'s chat for the page, unless the tab shows another now."""
+    return conversation(session) if visit is None or visit.chat is session else gr.skip()
 
 
 def menus_shape(visit: Visit | None) -> tuple[Any, ...]:

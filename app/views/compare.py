@@ -80,6 +80,9 @@ class CompareView:
                 gr.skip(),
             )
             return
+        if visit.compare is not session:  # another comparison opened meanwhile: left alone
+            yield (*(gr.skip(),) * len(columns_view(None)), gr.skip(), box_idle(), *(gr.skip(),) * 3)
+            return
         comparison = Comparison(text, [Path(f).name for f in files], system, sampling)
         # The session holds the run as one turn whose columns fill as they stream (the history
         # stores it from there once it ends).
@@ -97,31 +100,29 @@ class CompareView:
         session.stop_requested = False
         sent = sent_view(comparison, turn.media)
         box = box_streaming(value=None)
+
+        def gone() -> bool:  # another comparison opened meanwhile: the one shown is left alone
+            return visit.compare is not session or not any(t is turn for t in session.turns)
+
+        left_alone = (*(gr.skip(),) * len(columns_view(None)), gr.skip(), box_idle(), *(gr.skip(),) * 3)
         async with contextlib.aclosing(
             compare.run(self.playground.manager, comparison, cards, messages_for, media=turn.media)
         ) as run:
             async for update in run:
                 turn.columns = update.columns
-                if session.stop_requested or not any(t is turn for t in session.turns):
+                if session.stop_requested or gone():
                     break
                 if all(column.ended for column in update.columns):
                     continue  # the end is shown below, once stored
                 yield *columns_view(update), sent, box, "", gr.skip(), gr.skip()
                 sent, box = gr.skip(), gr.skip()
-        if not any(t is turn for t in session.turns):  # another opened meanwhile: left as it is
-            yield (
-                *(gr.skip(),) * len(columns_view(None)),
-                gr.skip(),
-                box_idle(),
-                gr.skip(),
-                gr.skip(),
-                gr.skip(),
-            )
-            return
         for card, column in zip(cards, comparison.columns, strict=True):
-            if column.state == "done":
+            if column.state == "done" and not gone():
                 await self.playground.draw_boxes(card, session, turn, column)
-        unkept = await self.keeper(visit, session, keys, system) if self.keeper and visit else ""
+        unkept = await self.keeper(visit, session, keys, system) if self.keeper and not gone() else ""
+        if gone():  # (checked again after each wait)
+            yield left_alone
+            return
         yield *columns_view(comparison), sent, box_idle(), unkept, *self.exports(session, comparison)
 
     def stop(self, visit: Visit | None) -> None:

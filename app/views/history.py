@@ -173,6 +173,12 @@ class HistoryView:
         dropped meanwhile (New chat, another opened) is left as it was stored then."""
         return await self._keep(visit, session, "chat", model, system)
 
+    async def let_go(self, visit: Visit, model: str, system: str) -> str:
+        """The open chat stored before the tab drops it, an answer still streaming in it as
+        stopped (it stops once dropped); "" or the line why not (`keep_chat`)."""
+        visit.chat.stop_unended()
+        return await self.keep_chat(visit, visit.chat, model, system)
+
     async def keep_compare(self, visit: Visit, session: Session, keys: list[str] | None, system: str) -> str:
         """Stores a comparison run of the tab as `keep_chat` stores a chat."""
         if not any(turn.columns for turn in session.turns):
@@ -185,16 +191,16 @@ class HistoryView:
             return ""
         async with session.saving:
             try:
+                # Read on the event loop, as the chat is at this moment (the save runs in a thread).
+                record, files, stills = record_of(session, kind, model, system)
+                digest = turns_digest(record)
+                if session.stored_version and digest == session.stored_digest:
+                    return ""  # (an empty conversation opened, too: it stays)
                 if not session.turns:  # every turn undone: nothing of it stays stored
                     if session.stored_version:
                         with contextlib.suppress(HistoryError):
                             await asyncio.to_thread(history.delete, visit.browser_id, session.conversation_id)
                     session.stored_version, session.stored_digest = 0, ""
-                    return ""
-                # Read on the event loop, as the chat is at this moment (the save runs in a thread).
-                record, files, stills = record_of(session, kind, model, system)
-                digest = turns_digest(record)
-                if session.stored_version and digest == session.stored_digest:
                     return ""
                 session.stored_version = await asyncio.to_thread(
                     partial(history.save, changes=session.stored_version, stills=stills),
@@ -237,11 +243,7 @@ class HistoryView:
         ):
             if not session.turns or (kind == "compare" and not any(t.columns for t in session.turns)):
                 continue
-            # Every version's turns: an answer may still stream in one no longer shown.
-            for turn in session.every_turn():
-                for reply in [*turn.columns, *([turn.reply] if turn.reply is not None else [])]:
-                    if not reply.ended:
-                        reply.state = "stopped"
+            session.stop_unended()  # every version's: an answer may stream in one not shown
             # The page's system prompt is not the server's to read: a stored one stays as it was.
             system = ""
             if session.stored_version:
@@ -285,7 +287,7 @@ class HistoryView:
             return unchanged
         if conversation_id == visit.chat.conversation_id:
             return unchanged
-        kept = await self.keep_chat(visit, visit.chat, model, system) if model is not None else ""
+        kept = await self.let_go(visit, model, system) if model is not None else ""
         if kept == SAVE_FAILED:
             return (*unchanged[:-1], KEPT_OPEN)
         try:
@@ -303,7 +305,8 @@ class HistoryView:
         missing = await asyncio.to_thread(
             self._restore, history, visit.browser_id, record, session, video_frames
         )
-        notice = GONE_FILES.format(days=self.playground.settings.media_retention_days) if missing else kept
+        gone_files = GONE_FILES.format(days=self.playground.settings.media_retention_days) if missing else ""
+        notice = " ".join(line for line in (kept, gone_files) if line)
         # As restored, it is stored: opening it and moving on stores nothing.
         session.stored_digest = turns_digest(
             record_of(session, record.kind, record.model, record.system_prompt)[0]
@@ -474,7 +477,7 @@ class HistoryView:
         """A new conversation; the one open is stored first (where that fails, it stays open)."""
         if visit is None:
             return [], gr.Radio(value=None), ""
-        notice = await self.keep_chat(visit, visit.chat, model, system) if model is not None else ""
+        notice = await self.let_go(visit, model, system) if model is not None else ""
         if notice == SAVE_FAILED:
             return gr.skip(), gr.skip(), KEPT_OPEN
         async with visit.chat.saving:
