@@ -710,3 +710,24 @@ def test_a_comparison_is_stored_before_the_page_is_shown_its_end(loop, views):
 
     loop.run(run())
     assert stored_when_shown == [["tiny-a", "tiny-b"]]
+
+
+def test_opening_a_stored_comparison_leaves_the_chat_and_its_streaming_answer_alone(loop, views):
+    """A comparison opens in its own tab: the chat stays open, so nothing of it is stored or
+    stopped (an answer streaming in it was marked stopped, and stopped showing, before)."""
+    view, history = views
+    visit = Visit(browser_id="both-tabs")
+    visit.compare.turns.append(
+        Turn(text="Which?", columns=[Reply("tiny-a", "Tiny A", "", answer="a", state="done")])
+    )
+    loop.run(view.save_compare(visit, ["tiny-a"], ""))
+    stored = visit.compare.conversation_id
+    visit.compare.close()
+    streaming = Turn(
+        text="Still going", reply=Reply("tiny-a", "Tiny A", "", answer="so f", state="answering")
+    )
+    visit.chat.turns.append(streaming)
+    loop.run(view.reopen(stored, visit, "tiny-a", ""))
+    assert [t.text for t in visit.compare.turns] == ["Which?"]
+    assert visit.chat.turns == [streaming] and streaming.reply.state == "answering"
+    assert [s.id for s in history.list("both-tabs")] == [stored]  # the chat not stored meanwhile

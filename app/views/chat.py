@@ -84,6 +84,13 @@ class ChatView:
             return ""
         return await self.keeper(visit, session, key, system)
 
+    async def kept_before_dropping(self, visit: Visit, key: str, system: str) -> str:
+        """The open chat stored before the tab drops it (Clear, New chat, another conversation
+        opened), an answer still streaming in it as stopped (it stops once dropped); "" or why
+        not (`SAVE_FAILED`: it stays open)."""
+        visit.chat.stop_unended()
+        return await self.kept(visit, visit.chat, key, system)
+
     # --- handlers ----------------------------------------------------------------------------
 
     async def send(
@@ -257,9 +264,7 @@ class ChatView:
     async def clear(self, visit: Visit | None, key: str | None = None, system: str = "") -> tuple[Any, ...]:
         """A new, empty chat; the one shown is stored first (where that fails, it stays)."""
         if visit is not None:
-            if key is not None:  # an answer still streaming is stored as stopped (it stops)
-                visit.chat.stop_unended()
-            unkept = await self.kept(visit, visit.chat, key, system) if key is not None else ""
+            unkept = await self.kept_before_dropping(visit, key, system) if key is not None else ""
             if unkept == SAVE_FAILED:  # (the trash icon has emptied the chat on the page: shown again)
                 return conversation(visit.chat), gr.skip(), KEPT_OPEN, gr.skip()
             async with visit.chat.saving:  # not while it is being stored: its files go

@@ -80,8 +80,10 @@ class CompareView:
                 gr.skip(),
             )
             return
-        if visit.compare is not session:  # another comparison opened meanwhile: left alone
-            yield (*(gr.skip(),) * len(columns_view(None)), gr.skip(), box_idle(), *(gr.skip(),) * 3)
+        # What the run yields where another comparison was opened meanwhile: the one shown stays.
+        left_alone = (*(gr.skip(),) * len(columns_view(None)), gr.skip(), box_idle(), *(gr.skip(),) * 3)
+        if visit.compare is not session:
+            yield left_alone
             return
         comparison = Comparison(text, [Path(f).name for f in files], system, sampling)
         # The session holds the run as one turn whose columns fill as they stream (the history
@@ -101,10 +103,9 @@ class CompareView:
         sent = sent_view(comparison, turn.media)
         box = box_streaming(value=None)
 
-        def gone() -> bool:  # another comparison opened meanwhile: the one shown is left alone
+        def gone() -> bool:  # another comparison opened meanwhile
             return visit.compare is not session or not any(t is turn for t in session.turns)
 
-        left_alone = (*(gr.skip(),) * len(columns_view(None)), gr.skip(), box_idle(), *(gr.skip(),) * 3)
         async with contextlib.aclosing(
             compare.run(self.playground.manager, comparison, cards, messages_for, media=turn.media)
         ) as run:

@@ -173,12 +173,6 @@ class HistoryView:
         dropped meanwhile (New chat, another opened) is left as it was stored then."""
         return await self._keep(visit, session, "chat", model, system)
 
-    async def let_go(self, visit: Visit, model: str, system: str) -> str:
-        """The open chat stored before the tab drops it, an answer still streaming in it as
-        stopped (it stops once dropped); "" or the line why not (`keep_chat`)."""
-        visit.chat.stop_unended()
-        return await self.keep_chat(visit, visit.chat, model, system)
-
     async def keep_compare(self, visit: Visit, session: Session, keys: list[str] | None, system: str) -> str:
         """Stores a comparison run of the tab as `keep_chat` stores a chat."""
         if not any(turn.columns for turn in session.turns):
@@ -287,9 +281,6 @@ class HistoryView:
             return unchanged
         if conversation_id == visit.chat.conversation_id:
             return unchanged
-        kept = await self.let_go(visit, model, system) if model is not None else ""
-        if kept == SAVE_FAILED:
-            return (*unchanged[:-1], KEPT_OPEN)
         try:
             record = await asyncio.to_thread(history.load, visit.browser_id, conversation_id)
         except HistoryError as error:
@@ -297,6 +288,13 @@ class HistoryView:
         if record.kind == "grid":
             notice = await self.grid_reopened(history, record, visit)
             return (*unchanged[:3], gr.Tabs(selected="grid-tab"), *unchanged[4:-1], notice)
+        # A chat opened takes the open chat's place: that one is stored first. (A comparison
+        # opens in its own tab; the chat stays, streaming if it was.)
+        kept = ""
+        if record.kind == "chat" and model is not None:
+            kept = await self.chat.kept_before_dropping(visit, model, system)
+            if kept == SAVE_FAILED:
+                return (*unchanged[:-1], KEPT_OPEN)
         session = Session()
         session.conversation_id, session.stored_version = record.id, record.version
         # Only the chat shows a video's frames (for its model, if still in the catalog).
@@ -477,7 +475,7 @@ class HistoryView:
         """A new conversation; the one open is stored first (where that fails, it stays open)."""
         if visit is None:
             return [], gr.Radio(value=None), ""
-        notice = await self.let_go(visit, model, system) if model is not None else ""
+        notice = await self.chat.kept_before_dropping(visit, model, system) if model is not None else ""
         if notice == SAVE_FAILED:
             return gr.skip(), gr.skip(), KEPT_OPEN
         async with visit.chat.saving:
