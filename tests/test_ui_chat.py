@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from playwright.sync_api import Browser, Page
+from playwright.sync_api import Browser, Page, Route
 from ui_pages import (
     EXAMPLES,
     LABEL_A,
@@ -94,6 +94,10 @@ def test_stop_ends_the_answer_in_the_engine_and_the_chat_goes_on(
     # While it streams, the box's Send button is a Stop button, and Escape presses it.
     stop = page.locator("#chat-input button.stop-button")
     assert stop.is_visible() and not page.locator("#chat-input button.submit-button").is_visible()
+    # An example clicked meanwhile fills the box and leaves the Stop button (it brought Send back).
+    page.get_by_text("Which bar is the tallest?", exact=True).first.click()
+    poll(lambda: page.locator("#chat-input textarea").input_value() != "")
+    assert stop.is_visible() and not page.locator("#chat-input button.submit-button").is_visible()
     page.keyboard.press("Escape")
     poll(lambda: answer_labels(page) and answer_labels(page)[-1].endswith("stopped"))
     poll(lambda: playground.manager.unfinished_requests(TINY_A) == 0, 10)
@@ -162,6 +166,39 @@ def test_a_reload_keeps_the_conversation_and_the_model(
     send(page, "And then?")
     wait_for_answer(page, answers=2, timeout_s=180)
     assert "lighthouse" in json.dumps(factory.asked[-1], default=str)
+
+
+def test_a_message_can_be_sent_only_once_the_page_has_its_session(
+    browser: Browser, served: tuple[Playground, str, RecordingFactory]
+):
+    """On a busy server the tab's session (the page's load event) comes after the page shows. A
+    message sent before it was refused, "This page lost its session; reload it" (on CI a test's
+    first message was never answered). The box takes a message once the session is there."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    held: list[Route] = []  # the page's first event, its load: held back, as a busy server would
+
+    def hold_the_first(route: Route) -> None:
+        if held:
+            route.continue_()
+        else:
+            held.append(route)
+
+    context.route("**/gradio_api/queue/join*", hold_the_first)
+    try:
+        page = context.new_page()
+        page.set_default_timeout(120_000)
+        page.goto(served[1])
+        page.wait_for_selector("#chat-input textarea")
+        poll(lambda: held, 30)
+        assert not page.is_editable("#chat-input textarea")
+        held[0].continue_()
+        poll(lambda: page.is_editable("#chat-input textarea"), 30)
+        set_max_tokens(page, "chat", 8)
+        send(page, "Are you there?")
+        wait_for_answer(page)
+        assert warning(page) == ""
+    finally:
+        context.close()
 
 
 def test_a_closed_tab_leaves_no_files_behind(

@@ -179,8 +179,22 @@ def wait_for_answer(page: Page, answers: int = 1, timeout_s: float = 120) -> str
     poll(
         lambda: len(bot_messages(page)) == answers and "engine counted" in page.inner_text("#prompt-size"),
         timeout_s,
+        shown=lambda: page_state(page),
     )
     return bot_messages(page)[-1]
+
+
+def page_state(page: Page) -> str:
+    """What the chat shows, for a failed wait's message."""
+    return repr(
+        {
+            "answers": bot_messages(page),
+            "messages": user_messages(page),
+            "notice": page.inner_text("#notice"),
+            "size line": page.inner_text("#prompt-size"),
+            "send button": page.locator("#chat-input button.submit-button").is_visible(),
+        }
+    )
 
 
 def wait_until_answering(page: Page, answers: int, timeout_s: float) -> None:
@@ -245,10 +259,17 @@ def shoot(page: Page, name: str) -> None:
     page.screenshot(path=str(SCREENSHOTS / name), full_page=True)
 
 
-def poll(condition: Callable[[], Any], timeout_s: float = 30, every_s: float = 0.1) -> Any:
+def poll(
+    condition: Callable[[], Any],
+    timeout_s: float = 30,
+    every_s: float = 0.1,
+    shown: Callable[[], str] | None = None,
+) -> Any:
+    """`condition`'s value once true; where it never is, the failure says what was `shown` then
+    (a wait that failed on CI only, once, said nothing more than its time)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if value := condition():
             return value
         time.sleep(every_s)
-    raise AssertionError(f"not true within {timeout_s} s")
+    raise AssertionError(f"not true within {timeout_s} s" + (f"; shown: {shown()}" if shown else ""))

@@ -289,7 +289,7 @@ class ArenaView:
                 label="Why? (optional; stored with your vote)", max_length=500, elem_id="arena-reason"
             )
         shown = gr.Markdown(elem_id="arena-reveal")
-        box = message_box("arena-input", "A message for both models (text, images or a clip)")
+        self.box = box = message_box("arena-input", "A message for both models (text, images or a clip)")
         # The examples two models a battle may draw can answer (a battle draws two that take the
         # message's files; on a GPU box some models take no pictures at all).
         pool = [self.playground.choices[key].card for key in self.pool]

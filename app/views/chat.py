@@ -442,7 +442,7 @@ class ChatView:
                     )
                 # Above the input box: a grown box pushed a refusal below the window's edge.
                 notice = gr.Markdown(elem_id="notice")
-                box = message_box(
+                self.box = box = message_box(
                     "chat-input", "Ask about images or a video: drop several images or one clip"
                 )
                 with gr.Row():

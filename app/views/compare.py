@@ -155,7 +155,7 @@ class CompareView:
             label=f"Models to compare ({compare.MIN_MODELS} to {compare.MAX_MODELS})",
         )
         notice = gr.Markdown(elem_id="compare-notice")
-        box = message_box("compare-input", "One message (text, images or a clip) for every model")
+        self.box = box = message_box("compare-input", "One message (text, images or a clip) for every model")
         # The examples every model picked can answer (before a pick, the default model's).
         cards = [self.playground.choices[key].card for _, key in servable]
         default = self.playground.choices.get(self.playground.default_model or "")

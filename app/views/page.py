@@ -25,7 +25,7 @@ from app.views.identity import Identity, IdentityMiddleware
 from app.views.leaderboard import LEADERBOARD_API, LeaderboardView
 from app.views.metrics import MetricsEndpoint
 from app.views.services import Playground
-from app.views.widgets import EXAMPLES
+from app.views.widgets import EXAMPLES, box_ready
 
 # Uploads older than this are removed from Gradio's upload cache (checked as often). A message
 # keeps its own links to the files it sent, so only files never sent are lost.
@@ -108,7 +108,13 @@ class Page:
         elif not visit.browser_id or visit.account is not None:
             visit.browser_id, visit.account = secrets.token_hex(16), None
         visit.address = self.playground.identity.address(peer, request.headers.get("x-forwarded-for"))
-        return token, visit.browser_id, visit, self.signed_in(visit), *self.chat.resumed(visit)
+        ready = (box_ready() for _ in self.boxes())
+        return token, visit.browser_id, visit, self.signed_in(visit), *self.chat.resumed(visit), *ready
+
+    def boxes(self) -> list[gr.MultimodalTextbox]:
+        """The views' message boxes, closed until the tab has its session (`message_box`)."""
+        views = [self.chat, self.compare, *([self.arena] if self.arena is not None else [])]
+        return [view.box for view in views]
 
     def signed_in(self, visit: Visit) -> str:
         """The line that says who the visitor is, where sign-in is on."""
@@ -158,7 +164,7 @@ class Page:
             loaded = demo.load(
                 self.resume,
                 [token, browser],
-                [token, browser, visit, who, chatbot, self.chat.model],
+                [token, browser, visit, who, chatbot, self.chat.model, *self.boxes()],
                 js=READ_TOKEN,
                 **PRIVATE,
             )

@@ -33,14 +33,22 @@ LATEX_DELIMITERS: list[dict[str, str | bool]] = [
 
 
 def message_box(elem_id: str, placeholder: str) -> gr.MultimodalTextbox:
+    """A view's message box. It takes input once the page has its session (`box_ready`, from
+    `Page.resume`): on a busy server a message typed as the page opened was sent before the
+    session was there, and refused as if the page had lost it."""
     return gr.MultimodalTextbox(
         elem_id=elem_id,
         file_count="multiple",
         file_types=["image", "video"],
         placeholder=placeholder,
         show_label=False,
+        interactive=False,
         **IDLE,
     )
+
+
+def box_ready() -> gr.MultimodalTextbox:
+    return gr.MultimodalTextbox(interactive=True)
 
 
 def box_streaming(**value: Any) -> gr.MultimodalTextbox:
@@ -163,7 +171,12 @@ class ExampleShelves:
         self.columns = []
         for number, examples in enumerate(self.sets):
             with gr.Column(visible=examples == current, elem_id=f"{elem_id}-{number}") as column:
-                gr.Examples([[example.message()] for example in examples], inputs=[box], label="Examples")
+                messages = [[example.message()] for example in examples]
+                shelf = gr.Examples(messages, inputs=[box], label="Examples")
+                # A click puts the example in the box and changes nothing else. Gradio sets the
+                # box's other properties back as it was built: closed as before the tab's session
+                # (`message_box`), Send in place of Stop while an answer streams.
+                shelf.input_component_props = [{} for _ in shelf.input_component_props]
             self.columns.append(column)
 
     def _best(self, fitting: tuple[Example, ...]) -> tuple[Example, ...] | None:
