@@ -242,6 +242,31 @@ def test_a_battle_of_two_turns_is_blind_until_the_vote_then_named_and_counted(lo
     assert loop.run(board.board("video"))["rows"] == []
 
 
+def test_a_battle_past_the_models_picture_limit_leaves_the_oldest_out_and_goes_on_blind(
+    loop, arena, tmp_path: Path
+):
+    """Five pictures over three turns, where both models take four per prompt: the battle does
+    not dead-end; each side's prompt leaves the oldest out with a marker in its place, and the
+    page is told nothing of it (which pictures a model sees would tell the models apart)."""
+    view, _, _, _ = arena
+    visit = Visit(browser_id="browser-many-pictures")
+    colours = ["red", "green", "blue", "yellow", "purple"]
+    pictures = []
+    for colour in colours:
+        pictures.append(tmp_path / f"{colour}-picture.png")
+        Image.new("RGB", (64, 48), colour).save(pictures[-1])
+    updates = []
+    turns = (("These two?", pictures[:2]), ("And these?", pictures[2:4]), ("This one?", pictures[4:]))
+    for text, files in turns:
+        updates += loop.run(collect(view.ask({"text": text, "files": [str(f) for f in files]}, visit)))
+    last = visit.arena.turns[-1].columns
+    assert len(visit.arena.turns) == 3 and [column.state for column in last] == ["done", "done"]
+    for column in last:
+        assert column.prompt.count("[an earlier picture was here") == 1, column.prompt
+    for update in updates:
+        assert "was here" not in shown(update) and "red-picture" not in shown(update)
+
+
 def test_votes_beyond_the_hourly_limit_are_refused_in_one_line_until_the_hour_has_passed(loop, arena):
     view, _, history, clock = arena
     visit = Visit(browser_id="browser-2")

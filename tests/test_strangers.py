@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
+from sqlalchemy.exc import OperationalError
 
 from app.catalog.cards import ModelCard
 from app.config import Settings
@@ -46,7 +47,7 @@ from app.views import Playground
 from app.views.chat import ChatView
 from app.views.compare import CompareView
 from app.views.grid import GridView
-from app.views.history import HistoryView
+from app.views.history import EXPORTED_STORED, HistoryView
 from app.views.page import Page
 
 
@@ -521,6 +522,34 @@ def test_a_message_prepared_while_the_chat_changed_is_refused_not_grafted(loop, 
     assert last[1].value["text"] == "two, edited"
 
 
+def test_a_message_prepared_while_another_conversation_was_opened_goes_into_neither(loop, views):
+    """Another conversation opened from the sidebar while a message's prompt is made: the
+    message goes back to the box, not into the chat that was closed (stored without it) nor the
+    one opened, and the chat shown is left as opened."""
+    view, history = views
+    _, visit = view.playground.sessions.attach(None, "page-opens-another")
+    visit.browser_id = "opener"
+    key = next(key for key, choice in view.playground.choices.items() if not choice.reason)
+    other = Visit(browser_id="opener")
+    other.chat.turns.append(chat_turn("The other one", "yes"))
+    loop.run(view.save_chat(other, key, ""))
+    visit.chat.turns.append(chat_turn("The open one", "1"))
+    left = visit.chat.conversation_id
+
+    async def run() -> list[Any]:
+        updates = view.chat.send({"text": "A follow-up", "files": []}, visit, key, "", 0.0, 1.0, 8, 0)
+        first = await anext(updates)
+        await view.reopen(other.chat.conversation_id, visit, key, "")  # while the prompt is made
+        return [first, *[update async for update in updates]]
+
+    *_, last = loop.run(run())
+    assert [t.text for t in visit.chat.turns] == ["The other one"]
+    assert [t.text for t in history.load("opener", left).turns] == ["The open one"]
+    assert [t.text for t in history.load("opener", other.chat.conversation_id).turns] == ["The other one"]
+    assert isinstance(last[0], dict) and last[0].get("__type__") == "update"  # the chat shown stays
+    assert last[1].value["text"] == "A follow-up" and "changed while" in last[2]
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_an_edited_messages_versions_are_in_the_menu_while_its_answer_streams(loop, views):
@@ -652,6 +681,28 @@ def test_an_export_where_another_tab_stored_the_chat_is_the_stored_one_with_a_li
     assert "another tab" in notice and "\n" not in notice
 
 
+def test_an_export_whose_store_failed_is_the_stored_version_and_says_so(
+    loop, views, monkeypatch: pytest.MonkeyPatch
+):
+    """The database refused the store (a simulated failure: SQLite waits 30 s for a lock): the
+    download is the version stored before, and the line says so (it said the chat "is still here,
+    and the next answer tries again", as if the file were the chat shown)."""
+    view, history = views
+    visit = Visit(browser_id="refused-store")
+    visit.chat.turns.append(chat_turn("Stored", "yes"))
+    loop.run(view.save_chat(visit, "tiny-a", ""))
+    visit.chat.turns.append(chat_turn("Not stored", "no"))
+
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise OperationalError("INSERT ...", {}, Exception("database is locked"))
+
+    monkeypatch.setattr(history, "save", refused)
+    download, notice = loop.run(view.export(visit.chat.conversation_id, visit, "tiny-a", ""))
+    exported = json.loads(Path(download.value["path"]).read_text())
+    assert [t["text"] for t in exported["conversation"]["turns"]] == ["Stored"]
+    assert notice == EXPORTED_STORED and "\n" not in notice
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_an_answer_ending_after_another_conversation_was_opened_leaves_that_one_as_it_was(loop, views):
@@ -731,3 +782,34 @@ def test_opening_a_stored_comparison_leaves_the_chat_and_its_streaming_answer_al
     assert [t.text for t in visit.compare.turns] == ["Which?"]
     assert visit.chat.turns == [streaming] and streaming.reply.state == "answering"
     assert [s.id for s in history.list("both-tabs")] == [stored]  # the chat not stored meanwhile
+
+
+def test_opening_a_stored_comparison_stores_the_running_one_first_as_stopped(loop, views):
+    """As a chat is stored before another takes its place: a comparison still streaming when
+    another is opened is stored with what its columns said, as stopped (it was dropped unstored),
+    under its own run's models, whatever the pickers show now."""
+    view, history = views
+    visit = Visit(browser_id="compares-twice")
+    visit.compare.turns.append(
+        Turn(text="Stored one", columns=[Reply("tiny-a", "Tiny A", "", answer="a", state="done")])
+    )
+    loop.run(view.save_compare(visit, ["tiny-a"], ""))
+    stored = visit.compare.conversation_id
+    visit.compare.close()
+    visit.compare = type(visit.compare)()
+    running = [
+        Reply("tiny-a", "Tiny A", "", answer="so f", state="answering"),
+        Reply("tiny-b", "Tiny B", "", answer="done", state="done"),
+    ]
+    visit.compare.turns.append(Turn(text="Running one", columns=running))
+    left = visit.compare.conversation_id
+    loop.run(view.reopen(stored, visit, "tiny-a", "", "be brief"))
+    assert [t.text for t in visit.compare.turns] == ["Stored one"]
+    kept = history.load("compares-twice", left)
+    assert (kept.kind, kept.model, kept.system_prompt) == ("compare", "tiny-a,tiny-b", "be brief")
+    (turn,) = kept.turns
+    assert [(r.model, r.state, r.answer) for r in turn.replies] == [
+        ("tiny-a", "stopped", "so f"),
+        ("tiny-b", "done", "done"),
+    ]
+    assert running[0].state == "stopped"  # so the run stops showing (its view sees it let go)

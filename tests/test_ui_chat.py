@@ -175,23 +175,28 @@ def test_a_message_can_be_sent_only_once_the_page_has_its_session(
     message sent before it was refused, "This page lost its session; reload it" (on CI a test's
     first message was never answered). The box takes a message once the session is there."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    held: list[Route] = []  # the page's first event, its load: held back, as a busy server would
+    # The page's events held back, its load (the session) among them, as a busy server would.
+    held: list[Route] = []
+    holding = [True]
 
-    def hold_the_first(route: Route) -> None:
-        if held:
-            route.continue_()
-        else:
+    def hold(route: Route) -> None:
+        if holding[0]:
             held.append(route)
+        else:
+            route.continue_()
 
-    context.route("**/gradio_api/queue/join*", hold_the_first)
+    context.route("**/gradio_api/queue/join*", hold)
     try:
         page = context.new_page()
         page.set_default_timeout(120_000)
         page.goto(served[1])
         page.wait_for_selector("#chat-input textarea")
         poll(lambda: held, 30)
+        page.wait_for_timeout(500)  # the page's other first events, if any, held too
         assert not page.is_editable("#chat-input textarea")
-        held[0].continue_()
+        holding[0] = False
+        for route in held:
+            route.continue_()
         poll(lambda: page.is_editable("#chat-input textarea"), 30)
         set_max_tokens(page, "chat", 8)
         send(page, "Are you there?")
@@ -428,6 +433,16 @@ def test_picking_a_model_sets_the_sampling_to_its_cards_defaults(page: Page):
     pick(page, "model", LABEL_B)
     poll(lambda: max_tokens.input_value() == "512", 10)
     assert float(temperature.input_value()) == 0.7
+    # Its panel says what it takes, and no clip settings for a model that takes no clips (the
+    # LLaVA card said "text and images", then "video frames sampled: 16").
+    page.click("#model-card-box button")
+    poll(lambda: "LLaVA" in page.inner_text("#model-card"), 10)
+    assert "text, image" in page.inner_text("#model-card") and "video" not in page.inner_text("#model-card")
+    pick(page, "model", LABEL_A)
+    poll(lambda: "video frames sampled" in page.inner_text("#model-card"), 10)
+    # The chat takes most of the window's height (it was about 360 px: most turns needed scrolling).
+    box = page.locator("#chat").bounding_box()
+    assert box is not None and box["height"] >= 0.6 * 1000
 
 
 def test_a_broken_file_or_an_oversized_prompt_keeps_the_history_and_others_stream(

@@ -123,6 +123,12 @@ def test_the_chat_api_streams_through_gradio_client(
     job = client.submit(message, TINY_A, "", 0.0, 1.0, 24, 7, api_name="/chat")
     updates = list(job)
     assert len(updates) >= 2 and updates[-1] and all(updates[-1].startswith(u) for u in updates)
+    # Several pictures in one message, as the page takes them: each reaches the model.
+    pictures = [handle_file(str(EXAMPLES / name)) for name in ("bar_chart.png", "shapes.png")]
+    message = {"text": "Which has more colours?", "files": pictures}
+    assert client.predict(message, TINY_A, "", 0.0, 1.0, 8, 7, api_name="/chat")
+    sent = [part for turn in served[2].asked[-1] for part in turn["content"] if isinstance(part, dict)]
+    assert [part["type"] for part in sent].count("image") == 2
     # A call is a one-off: nothing of it is kept in the history (there is no visitor to own it).
     assert served[0].history is not None and served[0].history.list("") == []
     with pytest.raises(AppError, match="cannot be served here"):

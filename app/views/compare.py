@@ -38,6 +38,17 @@ class CompareView:
         # is stored before the page is shown its end.
         self.keeper: Callable[[Visit, Session, list[str], str], Awaitable[str]] | None = None
 
+    async def kept_before_dropping(self, visit: Visit, system: str) -> str:
+        """The comparison shown stored before the tab drops it (another opened), under its own
+        run's models (the pickers may show others by now), a run still streaming as stopped (it
+        stops once dropped); "" or why not (`SAVE_FAILED`: it stays open)."""
+        session = visit.compare
+        if self.keeper is None or not session.turns:
+            return ""
+        session.stop_unended()
+        keys = [column.key for column in session.turns[-1].columns]
+        return await self.keeper(visit, session, keys, system)
+
     # --- handlers ----------------------------------------------------------------------------
 
     async def compare(

@@ -56,6 +56,11 @@ from app.views.services import Playground, refusal
 log = logging.getLogger(__name__)
 
 NO_HISTORY = "History is off on this server (APP_HISTORY=0): conversations are not stored."
+# The export of an open chat whose latest turns could not be stored: the file is what is stored.
+EXPORTED_STORED = (
+    "Your latest turns could not be stored just now, so the file is the conversation as stored "
+    "before them: export again in a moment for all of it."
+)
 # Deleting is for good: the first click asks, a second one within this long deletes.
 CONFIRM_S = 30.0
 CONFIRM_DELETE = "Delete it for good? Click Delete again to confirm (or pick something else to keep it)."
@@ -269,11 +274,17 @@ class HistoryView:
         return await self.listing(visit)
 
     async def reopen(
-        self, conversation_id: str | None, visit: Visit | None, model: str | None = None, system: str = ""
+        self,
+        conversation_id: str | None,
+        visit: Visit | None,
+        model: str | None = None,
+        system: str = "",
+        compare_system: str = "",
     ) -> tuple[Any, ...]:
         """Opens a stored conversation: a chat in the chat tab (its turns, files, answers and
-        model, to go on with), a comparison in the compare tab (its columns). The open chat is
-        stored first (with the page's `model` and `system` prompt)."""
+        model, to go on with), a comparison in the compare tab (its columns). The chat or the
+        comparison it takes the place of is stored first (with the page's `model` and `system`
+        prompt, or the compare tab's `compare_system`)."""
         unchanged = (gr.skip(),) * len(self.reopened)
         self.playground.active(visit)
         history = self.history
@@ -293,8 +304,10 @@ class HistoryView:
         kept = ""
         if record.kind == "chat" and model is not None:
             kept = await self.chat.kept_before_dropping(visit, model, system)
-            if kept == SAVE_FAILED:
-                return (*unchanged[:-1], KEPT_OPEN)
+        elif record.kind == "compare":
+            kept = await self.compare.kept_before_dropping(visit, compare_system)
+        if kept == SAVE_FAILED:
+            return (*unchanged[:-1], KEPT_OPEN)
         session = Session()
         session.conversation_id, session.stored_version = record.id, record.version
         # Only the chat shows a video's frames (for its model, if still in the catalog).
@@ -528,6 +541,8 @@ class HistoryView:
         text, notice = await self._on_picked(conversation_id, visit, History.export)
         if notice or visit is None or conversation_id is None:
             return gr.skip(), notice
+        if kept == SAVE_FAILED:
+            kept = EXPORTED_STORED
         folder = Path(tempfile.mkdtemp(prefix="vlm-export-", dir=visit.chat.folder))
         path = folder / f"conversation-{conversation_id[:8]}.json"
         path.write_text(text)
@@ -603,7 +618,7 @@ class HistoryView:
             saved.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
         chat.cleared.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
         here = [visit, chat.model, chat.system]  # the open chat, stored before it is dropped
-        opened = listed.input(self.reopen, [listed, *here], self.reopened, **PRIVATE)
+        opened = listed.input(self.reopen, [listed, *here, compare.system], self.reopened, **PRIVATE)
         # A grid run reopens in the grid tab, which shows what the tab's grid now holds.
         opened.then(self.grid.shown, [visit], self.grid.restored, show_progress="hidden", **PRIVATE)
         opened.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
