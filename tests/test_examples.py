@@ -35,12 +35,12 @@ def test_each_model_is_offered_what_it_can_answer():
     assert texts([CARDS["qwen2_vl"]]) == [e.text for e in GENERAL_EXAMPLES]
     assert "Describe how the ball moves." not in texts([CARDS["llava"]])
     assert "Compare these two pictures." in texts([CARDS["llava"]])
-    assert texts([CARDS["pixtral_hf"]]) == [
+    assert texts([CARDS["paligemma2"]]) == [
         "What shapes do you see, and what colour is each?",
         "Which bar is the tallest?",
     ]
     # Several models (compare, arena): what every one of them takes.
-    assert texts([CARDS["qwen2_vl"], CARDS["pixtral_hf"]]) == texts([CARDS["pixtral_hf"]])
+    assert texts([CARDS["qwen2_vl"], CARDS["paligemma2"]]) == texts([CARDS["paligemma2"]])
     assert texts([SEEING, SECOND]) == texts([SECOND])
     assert texts([SEEING, CARDS["llava"]]) == texts([SECOND])
     assert texts([]) == []
@@ -49,7 +49,7 @@ def test_each_model_is_offered_what_it_can_answer():
 def test_the_shelf_shown_follows_the_models_chosen():
     with gr.Blocks():
         box = gr.MultimodalTextbox()
-        choices = [[SEEING], [CARDS["qwen2_vl"]], [CARDS["llava"]], [CARDS["pixtral_hf"]]]
+        choices = [[SEEING], [CARDS["qwen2_vl"]], [CARDS["llava"]], [CARDS["paligemma2"]]]
         shelves = ExampleShelves(box, choices, [SEEING], "test-examples")
     assert len(shelves.sets) == 4 and len(shelves.columns) == 4
     assert [column.visible for column in shelves.columns] == [True, False, False, False]
