@@ -44,7 +44,7 @@ from app.storage.history import (
     sqlite_url,
 )
 from app.views import Playground
-from app.views.chat import ChatView
+from app.views.chat import KEPT_OPEN, ChatView
 from app.views.compare import CompareView
 from app.views.grid import GridView
 from app.views.history import EXPORTED_STORED, HistoryView
@@ -802,8 +802,9 @@ def test_opening_a_stored_comparison_stores_the_running_one_first_as_stopped(loo
         Reply("tiny-b", "Tiny B", "", answer="done", state="done"),
     ]
     visit.compare.turns.append(Turn(text="Running one", columns=running))
+    visit.compare.system_prompt = "be brief"  # the run's (the page's box may say another by now)
     left = visit.compare.conversation_id
-    loop.run(view.reopen(stored, visit, "tiny-a", "", "be brief"))
+    loop.run(view.reopen(stored, visit, "tiny-a", ""))
     assert [t.text for t in visit.compare.turns] == ["Stored one"]
     kept = history.load("compares-twice", left)
     assert (kept.kind, kept.model, kept.system_prompt) == ("compare", "tiny-a,tiny-b", "be brief")
@@ -813,3 +814,29 @@ def test_opening_a_stored_comparison_stores_the_running_one_first_as_stopped(loo
         ("tiny-b", "done", "done"),
     ]
     assert running[0].state == "stopped"  # so the run stops showing (its view sees it let go)
+
+
+def test_a_comparison_whose_store_failed_on_opening_another_stays_and_stops(
+    loop, views, monkeypatch: pytest.MonkeyPatch
+):
+    """The database refused its store (simulated): the comparison stays open, and its run stops
+    (marked stopped, it went on in the engine with its view frozen)."""
+    view, history = views
+    visit = Visit(browser_id="store-refused-compare")
+    visit.compare.turns.append(
+        Turn(text="Stored one", columns=[Reply("tiny-a", "Tiny A", "", answer="a", state="done")])
+    )
+    loop.run(view.save_compare(visit, ["tiny-a"], ""))
+    stored = visit.compare.conversation_id
+    visit.compare = type(visit.compare)()
+    running = Reply("tiny-a", "Tiny A", "", answer="so f", state="answering")
+    visit.compare.turns.append(Turn(text="Running one", columns=[running]))
+    shown = visit.compare
+
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise OperationalError("INSERT ...", {}, Exception("database is locked"))
+
+    monkeypatch.setattr(history, "save", refused)
+    *_, notice = loop.run(view.reopen(stored, visit, "tiny-a", ""))
+    assert visit.compare is shown and notice == KEPT_OPEN
+    assert shown.stop_requested and running.state == "stopped"

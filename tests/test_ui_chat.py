@@ -194,14 +194,43 @@ def test_a_message_can_be_sent_only_once_the_page_has_its_session(
         poll(lambda: held, 30)
         page.wait_for_timeout(500)  # the page's other first events, if any, held too
         assert not page.is_editable("#chat-input textarea")
+        page.get_by_role("tab", name="Grid").click()  # its Check button sends too
+        assert not page.is_enabled("#grid-check")
         holding[0] = False
         for route in held:
             route.continue_()
+        poll(lambda: page.is_enabled("#grid-check"), 30)
+        page.get_by_role("tab", name="Chat").click()
         poll(lambda: page.is_editable("#chat-input textarea"), 30)
         set_max_tokens(page, "chat", 8)
         send(page, "Are you there?")
         wait_for_answer(page)
         assert warning(page) == ""
+    finally:
+        context.close()
+
+
+def test_a_page_whose_session_could_not_start_says_to_reload_it(
+    browser: Browser, served: tuple[Playground, str, RecordingFactory]
+):
+    """The server refused the page's load (its queue full): the boxes stay closed, and the page
+    says, for good, to reload (Gradio's own toast says "try again" and fades; nothing retries)."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    refused: list[str] = []
+
+    def refuse_the_first(route: Route) -> None:
+        if refused:
+            route.continue_()
+        else:
+            refused.append(route.request.url)
+            route.fulfill(status=503, content_type="application/json", body='{"detail": "Queue is full."}')
+
+    context.route("**/gradio_api/queue/join*", refuse_the_first)
+    try:
+        page = context.new_page()
+        page.goto(served[1])
+        poll(lambda: "reload it" in page.inner_text("#notice"), 30)
+        assert not page.is_editable("#chat-input textarea")
     finally:
         context.close()
 

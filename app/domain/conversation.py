@@ -166,6 +166,9 @@ class Session:
     saving: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False, compare=False)
     # Set by the stop button; the streaming handler checks it at every event.
     stop_requested: bool = False
+    # The system prompt a comparison's run was asked with (stored with it, whatever the page's
+    # box says by the time the run is stored).
+    system_prompt: str = ""
     # The place of the message being edited: the next one sent becomes its new version.
     editing: int | None = None
     # The content hash of each kept file, once worked out (the history stores files by it).

@@ -540,17 +540,22 @@ class History:
         longer keeps: one stored again meanwhile by another request stays."""
         if not candidates:
             return
-        with self.session() as session:
-            kept = set(
-                session.scalars(
-                    select(MediaRow.hash).where(
-                        MediaRow.hash.in_(candidates), MediaRow.stored_at.is_not(None)
+        # After the commit: a failure here leaves files for the retention sweep, and must not
+        # make the store look failed (the caller would say it is the older version that stays).
+        try:
+            with self.session() as session:
+                kept = set(
+                    session.scalars(
+                        select(MediaRow.hash).where(
+                            MediaRow.hash.in_(candidates), MediaRow.stored_at.is_not(None)
+                        )
                     )
                 )
-            )
-        for digest, suffix in candidates.items():
-            if digest not in kept:
-                self.media_path(digest, suffix).unlink(missing_ok=True)
+            for digest, suffix in candidates.items():
+                if digest not in kept:
+                    self.media_path(digest, suffix).unlink(missing_ok=True)
+        except Exception:
+            log.exception("deleting files no conversation keeps failed; the retention sweep retries")
 
     # --- conversations ---
 

@@ -30,6 +30,8 @@ from app.views.widgets import (
     sampling_controls,
 )
 
+OPENED_MEANWHILE = "Another comparison was opened while this message was being prepared; send it again."
+
 
 class CompareView:
     def __init__(self, playground: Playground) -> None:
@@ -38,16 +40,17 @@ class CompareView:
         # is stored before the page is shown its end.
         self.keeper: Callable[[Visit, Session, list[str], str], Awaitable[str]] | None = None
 
-    async def kept_before_dropping(self, visit: Visit, system: str) -> str:
+    async def kept_before_dropping(self, visit: Visit) -> str:
         """The comparison shown stored before the tab drops it (another opened), under its own
-        run's models (the pickers may show others by now), a run still streaming as stopped (it
-        stops once dropped); "" or why not (`SAVE_FAILED`: it stays open)."""
+        run's models and system prompt (the page may show others by now), a run still streaming
+        as stopped, and stopped; "" or why not (`SAVE_FAILED`: it stays open, stopped)."""
         session = visit.compare
         if self.keeper is None or not session.turns:
             return ""
         session.stop_unended()
+        session.stop_requested = True  # (where the store fails, the run stops all the same)
         keys = [column.key for column in session.turns[-1].columns]
-        return await self.keeper(visit, session, keys, system)
+        return await self.keeper(visit, session, keys, session.system_prompt)
 
     # --- handlers ----------------------------------------------------------------------------
 
@@ -93,13 +96,15 @@ class CompareView:
             return
         # What the run yields where another comparison was opened meanwhile: the one shown stays.
         left_alone = (*(gr.skip(),) * len(columns_view(None)), gr.skip(), box_idle(), *(gr.skip(),) * 3)
-        if visit.compare is not session:
-            yield left_alone
+        if visit.compare is not session:  # another opened while the message was prepared: back to the box
+            notice = refusal(ConversationError(OPENED_MEANWHILE))
+            yield (*left_alone[:-4], box_idle(value=message), notice, *left_alone[-2:])
             return
         comparison = Comparison(text, [Path(f).name for f in files], system, sampling)
         # The session holds the run as one turn whose columns fill as they stream (the history
         # stores it from there once it ends).
         session.turns.append(turn)
+        session.system_prompt = system
         turn.columns = comparison.columns
 
         async def messages_for(card: ModelCard) -> list[dict[str, Any]]:

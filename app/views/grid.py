@@ -238,7 +238,10 @@ class GridView:
                     elem_id="grid-models",
                 )
                 with gr.Row():
-                    check = gr.Button("Check the set", elem_id="grid-check", size="sm")
+                    # Open once the tab has its session, as the message boxes (`Page.resume`).
+                    self.check_button = check = gr.Button(
+                        "Check the set", elem_id="grid-check", size="sm", interactive=False
+                    )
                     run = gr.Button(
                         "Run", elem_id="grid-run", variant="primary", interactive=False, size="sm"
                     )

@@ -279,12 +279,11 @@ class HistoryView:
         visit: Visit | None,
         model: str | None = None,
         system: str = "",
-        compare_system: str = "",
     ) -> tuple[Any, ...]:
         """Opens a stored conversation: a chat in the chat tab (its turns, files, answers and
         model, to go on with), a comparison in the compare tab (its columns). The chat or the
-        comparison it takes the place of is stored first (with the page's `model` and `system`
-        prompt, or the compare tab's `compare_system`)."""
+        comparison it takes the place of is stored first (a chat with the page's `model` and
+        `system` prompt, a comparison with its run's)."""
         unchanged = (gr.skip(),) * len(self.reopened)
         self.playground.active(visit)
         history = self.history
@@ -305,7 +304,7 @@ class HistoryView:
         if record.kind == "chat" and model is not None:
             kept = await self.chat.kept_before_dropping(visit, model, system)
         elif record.kind == "compare":
-            kept = await self.compare.kept_before_dropping(visit, compare_system)
+            kept = await self.compare.kept_before_dropping(visit)
         if kept == SAVE_FAILED:
             return (*unchanged[:-1], KEPT_OPEN)
         session = Session()
@@ -618,7 +617,7 @@ class HistoryView:
             saved.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
         chat.cleared.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
         here = [visit, chat.model, chat.system]  # the open chat, stored before it is dropped
-        opened = listed.input(self.reopen, [listed, *here, compare.system], self.reopened, **PRIVATE)
+        opened = listed.input(self.reopen, [listed, *here], self.reopened, **PRIVATE)
         # A grid run reopens in the grid tab, which shows what the tab's grid now holds.
         opened.then(self.grid.shown, [visit], self.grid.restored, show_progress="hidden", **PRIVATE)
         opened.then(self.listing, [visit], [listed], show_progress="hidden", **PRIVATE)

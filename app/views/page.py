@@ -25,7 +25,7 @@ from app.views.identity import Identity, IdentityMiddleware
 from app.views.leaderboard import LEADERBOARD_API, LeaderboardView
 from app.views.metrics import MetricsEndpoint
 from app.views.services import Playground
-from app.views.widgets import EXAMPLES, box_ready
+from app.views.widgets import EXAMPLES
 
 # Uploads older than this are removed from Gradio's upload cache (checked as often). A message
 # keeps its own links to the files it sent, so only files never sent are lost.
@@ -42,6 +42,8 @@ WRITE_TOKEN = (
     f"(token, browser) => {{ sessionStorage.setItem('{STORAGE_KEY}', token); "
     f"localStorage.setItem('{BROWSER_KEY}', browser); return []; }}"
 )
+NO_SESSION = "⚠️ This page could not start its session (the server may be busy): reload it."
+NO_SESSION_JS = f"""() => {{ document.querySelector('#notice').innerText = {NO_SESSION!r}; }}"""
 # Escape stops the answer that streams in view (the message box's own stop button).
 ESCAPE_STOPS = """
 () => {
@@ -108,13 +110,14 @@ class Page:
         elif not visit.browser_id or visit.account is not None:
             visit.browser_id, visit.account = secrets.token_hex(16), None
         visit.address = self.playground.identity.address(peer, request.headers.get("x-forwarded-for"))
-        ready = (box_ready() for _ in self.boxes())
+        ready = (gr.update(interactive=True) for _ in self.closed_until_session())
         return token, visit.browser_id, visit, self.signed_in(visit), *self.chat.resumed(visit), *ready
 
-    def boxes(self) -> list[gr.MultimodalTextbox]:
-        """The views' message boxes, closed until the tab has its session (`message_box`)."""
+    def closed_until_session(self) -> list[gr.Component]:
+        """What sends the views' messages: closed until the tab has its session (`message_box`),
+        since a message sent before it was refused as if the page had lost it."""
         views = [self.chat, self.compare, *([self.arena] if self.arena is not None else [])]
-        return [view.box for view in views]
+        return [*(view.box for view in views), self.grid.check_button]
 
     def signed_in(self, visit: Visit) -> str:
         """The line that says who the visitor is, where sign-in is on."""
@@ -164,10 +167,13 @@ class Page:
             loaded = demo.load(
                 self.resume,
                 [token, browser],
-                [token, browser, visit, who, chatbot, self.chat.model, *self.boxes()],
+                [token, browser, visit, who, chatbot, self.chat.model, *self.closed_until_session()],
                 js=READ_TOKEN,
                 **PRIVATE,
             )
+            # Without its session the page's boxes stay closed (`message_box`): it says so, for
+            # good, where Gradio's own toast ("busy, try again") fades and nothing tries again.
+            loaded.failure(None, None, None, js=NO_SESSION_JS, queue=False, **PRIVATE)
             loaded.then(None, [token, browser], None, js=WRITE_TOKEN, queue=False, **PRIVATE)
             loaded.then(self.history.listing, [visit], [listed], show_progress="hidden", **PRIVATE)
             self.chat.refreshes_after(loaded, visit)

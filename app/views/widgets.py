@@ -33,9 +33,9 @@ LATEX_DELIMITERS: list[dict[str, str | bool]] = [
 
 
 def message_box(elem_id: str, placeholder: str) -> gr.MultimodalTextbox:
-    """A view's message box. It takes input once the page has its session (`box_ready`, from
-    `Page.resume`): on a busy server a message typed as the page opened was sent before the
-    session was there, and refused as if the page had lost it."""
+    """A view's message box. It takes input once the page has its session (`Page.resume`): on
+    a busy server a message typed as the page opened was sent before the session was there, and
+    refused as if the page had lost it."""
     return gr.MultimodalTextbox(
         elem_id=elem_id,
         file_count="multiple",
@@ -45,10 +45,6 @@ def message_box(elem_id: str, placeholder: str) -> gr.MultimodalTextbox:
         interactive=False,
         **IDLE,
     )
-
-
-def box_ready() -> gr.MultimodalTextbox:
-    return gr.MultimodalTextbox(interactive=True)
 
 
 def box_streaming(**value: Any) -> gr.MultimodalTextbox:
