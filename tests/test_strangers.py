@@ -681,6 +681,27 @@ def test_an_export_where_another_tab_stored_the_chat_is_the_stored_one_with_a_li
     assert "another tab" in notice and "\n" not in notice
 
 
+def refuse_every_store(monkeypatch: pytest.MonkeyPatch, history: History) -> None:
+    """The database refuses to store (a simulated failure: SQLite waits 30 s for a real lock)."""
+
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise OperationalError("INSERT ...", {}, Exception("database is locked"))
+
+    monkeypatch.setattr(history, "save", refused)
+
+
+def stored_comparison(loop: Any, view: HistoryView, visit: Visit, text: str) -> str:
+    """A comparison of `text` run and stored by `visit`, which then shows a new, empty one; its id."""
+    visit.compare.turns.append(
+        Turn(text=text, columns=[Reply("tiny-a", "Tiny A", "", answer="a", state="done")])
+    )
+    loop.run(view.save_compare(visit, ["tiny-a"], ""))
+    stored = visit.compare.conversation_id
+    visit.compare.close()
+    visit.compare = type(visit.compare)()
+    return stored
+
+
 def test_an_export_whose_store_failed_is_the_stored_version_and_says_so(
     loop, views, monkeypatch: pytest.MonkeyPatch
 ):
@@ -692,11 +713,7 @@ def test_an_export_whose_store_failed_is_the_stored_version_and_says_so(
     visit.chat.turns.append(chat_turn("Stored", "yes"))
     loop.run(view.save_chat(visit, "tiny-a", ""))
     visit.chat.turns.append(chat_turn("Not stored", "no"))
-
-    def refused(*args: Any, **kwargs: Any) -> None:
-        raise OperationalError("INSERT ...", {}, Exception("database is locked"))
-
-    monkeypatch.setattr(history, "save", refused)
+    refuse_every_store(monkeypatch, history)
     download, notice = loop.run(view.export(visit.chat.conversation_id, visit, "tiny-a", ""))
     exported = json.loads(Path(download.value["path"]).read_text())
     assert [t["text"] for t in exported["conversation"]["turns"]] == ["Stored"]
@@ -768,12 +785,7 @@ def test_opening_a_stored_comparison_leaves_the_chat_and_its_streaming_answer_al
     stopped (an answer streaming in it was marked stopped, and stopped showing, before)."""
     view, history = views
     visit = Visit(browser_id="both-tabs")
-    visit.compare.turns.append(
-        Turn(text="Which?", columns=[Reply("tiny-a", "Tiny A", "", answer="a", state="done")])
-    )
-    loop.run(view.save_compare(visit, ["tiny-a"], ""))
-    stored = visit.compare.conversation_id
-    visit.compare.close()
+    stored = stored_comparison(loop, view, visit, "Which?")
     streaming = Turn(
         text="Still going", reply=Reply("tiny-a", "Tiny A", "", answer="so f", state="answering")
     )
@@ -790,13 +802,7 @@ def test_opening_a_stored_comparison_stores_the_running_one_first_as_stopped(loo
     under its own run's models, whatever the pickers show now."""
     view, history = views
     visit = Visit(browser_id="compares-twice")
-    visit.compare.turns.append(
-        Turn(text="Stored one", columns=[Reply("tiny-a", "Tiny A", "", answer="a", state="done")])
-    )
-    loop.run(view.save_compare(visit, ["tiny-a"], ""))
-    stored = visit.compare.conversation_id
-    visit.compare.close()
-    visit.compare = type(visit.compare)()
+    stored = stored_comparison(loop, view, visit, "Stored one")
     running = [
         Reply("tiny-a", "Tiny A", "", answer="so f", state="answering"),
         Reply("tiny-b", "Tiny B", "", answer="done", state="done"),
@@ -823,20 +829,11 @@ def test_a_comparison_whose_store_failed_on_opening_another_stays_and_stops(
     (marked stopped, it went on in the engine with its view frozen)."""
     view, history = views
     visit = Visit(browser_id="store-refused-compare")
-    visit.compare.turns.append(
-        Turn(text="Stored one", columns=[Reply("tiny-a", "Tiny A", "", answer="a", state="done")])
-    )
-    loop.run(view.save_compare(visit, ["tiny-a"], ""))
-    stored = visit.compare.conversation_id
-    visit.compare = type(visit.compare)()
+    stored = stored_comparison(loop, view, visit, "Stored one")
     running = Reply("tiny-a", "Tiny A", "", answer="so f", state="answering")
     visit.compare.turns.append(Turn(text="Running one", columns=[running]))
     shown = visit.compare
-
-    def refused(*args: Any, **kwargs: Any) -> None:
-        raise OperationalError("INSERT ...", {}, Exception("database is locked"))
-
-    monkeypatch.setattr(history, "save", refused)
+    refuse_every_store(monkeypatch, history)
     *_, notice = loop.run(view.reopen(stored, visit, "tiny-a", ""))
     assert visit.compare is shown and notice == KEPT_OPEN
     assert shown.stop_requested and running.state == "stopped"

@@ -290,8 +290,10 @@ class Session:
         return found
 
     def stop_unended(self) -> None:
-        """Every answer still streaming, in any version, marked stopped: the chat is being let
-        go of (or stored as the app stops), and is stored with what came so far."""
+        """Every answer still streaming, in any version, marked stopped, and its stream asked to
+        stop: the chat is being let go of (or stored as the app stops), and is stored with what
+        came so far (where that store fails and the chat stays, its answer stops all the same)."""
+        self.stop_requested = True
         for turn in self.every_turn():
             for reply in [*turn.columns, *([turn.reply] if turn.reply is not None else [])]:
                 if not reply.ended:

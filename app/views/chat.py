@@ -89,7 +89,6 @@ class ChatView:
         opened), an answer still streaming in it as stopped (it stops once dropped); "" or why
         not (`SAVE_FAILED`: it stays open)."""
         visit.chat.stop_unended()
-        visit.chat.stop_requested = True  # (where the store fails, the answer stops all the same)
         return await self.kept(visit, visit.chat, key, system)
 
     # --- handlers ----------------------------------------------------------------------------

@@ -48,7 +48,6 @@ class CompareView:
         if self.keeper is None or not session.turns:
             return ""
         session.stop_unended()
-        session.stop_requested = True  # (where the store fails, the run stops all the same)
         keys = [column.key for column in session.turns[-1].columns]
         return await self.keeper(visit, session, keys, session.system_prompt)
 

@@ -274,11 +274,7 @@ class HistoryView:
         return await self.listing(visit)
 
     async def reopen(
-        self,
-        conversation_id: str | None,
-        visit: Visit | None,
-        model: str | None = None,
-        system: str = "",
+        self, conversation_id: str | None, visit: Visit | None, model: str | None = None, system: str = ""
     ) -> tuple[Any, ...]:
         """Opens a stored conversation: a chat in the chat tab (its turns, files, answers and
         model, to go on with), a comparison in the compare tab (its columns). The chat or the
