@@ -681,6 +681,32 @@ def test_an_export_where_another_tab_stored_the_chat_is_the_stored_one_with_a_li
     assert "another tab" in notice and "\n" not in notice
 
 
+@pytest.mark.parametrize("action", ["clear", "new chat"])
+def test_a_message_sent_while_clear_stores_the_chat_goes_into_the_new_chat(
+    loop, views, monkeypatch: pytest.MonkeyPatch, action: str
+):
+    """On a busy server a message sent just after Clear (or New chat) can be added while the
+    chat is still being stored: it went into the chat being dropped, and closing that emptied it
+    (lost)."""
+    view, history = views
+    visit = Visit(browser_id="quick")
+    visit.chat.turns.append(chat_turn("the old question", "old"))
+    dropped = visit.chat.conversation_id
+    store = history.save
+
+    def sent_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        visit.chat.turns.append(chat_turn("the next question", "next"))  # as `ChatView.send` adds it
+        return store(*args, **kwargs)
+
+    monkeypatch.setattr(history, "save", sent_meanwhile)
+    loop.run(
+        view.chat.clear(visit, "tiny-a", "") if action == "clear" else view.new_chat(visit, "tiny-a", "")
+    )
+    assert [t.text for t in history.load("quick", dropped).turns] == ["the old question"]
+    assert [t.text for t in visit.chat.turns] == ["the next question"]
+    assert visit.chat.conversation_id != dropped
+
+
 def refuse_every_store(monkeypatch: pytest.MonkeyPatch, history: History) -> None:
     """The database refuses to store (a simulated failure: SQLite waits 30 s for a real lock)."""
 

@@ -191,7 +191,14 @@ def test_a_message_can_be_sent_only_once_the_page_has_its_session(
         page.set_default_timeout(120_000)
         page.goto(served[1])
         page.wait_for_selector("#chat-input textarea")
-        poll(lambda: held, 30)
+
+        def some_held() -> bool:
+            # Playwright calls a route's handler only inside one of its own calls: a poll that
+            # only sleeps never sees a request that came after the page showed (it failed on CI).
+            page.wait_for_timeout(100)
+            return bool(held)
+
+        poll(some_held, 30)
         page.wait_for_timeout(500)  # the page's other first events, if any, held too
         assert not page.is_editable("#chat-input textarea")
         page.get_by_role("tab", name="Grid").click()  # its Check button sends too
@@ -340,6 +347,27 @@ def test_the_chats_own_trash_icon_clears_the_conversation_the_model_gets(
     wait_for_answer(page)
     assert user_messages(page) == 1
     assert "lighthouse" not in json.dumps(factory.asked[-1], default=str)
+
+
+def test_clear_leaves_what_the_user_typed_meanwhile_in_the_box(page: Page):
+    """On a busy server the reply to Clear came after the user typed the next message, and
+    emptied the box: Enter then sent nothing (a CI run: "Write a message or add a file first")."""
+    set_max_tokens(page, "chat", 8)
+    send(page, "An old question")
+    wait_for_answer(page)
+    poll(lambda: page.locator("#edit-menu").is_visible())
+    held: list[Route] = []  # Clear's request held while the user types, as a busy server does
+    page.route("**/gradio_api/queue/join*", lambda route: held.append(route))
+    page.click("#clear")
+    poll(lambda: page.wait_for_timeout(100) or held, 30)  # (the wait lets Playwright route it)
+    page.fill("#chat-input textarea", "The next question")
+    for route in held:
+        route.continue_()
+    page.unroute("**/gradio_api/queue/join*")
+    # The Edit menu hides once the chat's controls show the cleared chat: Clear's reply has come.
+    poll(lambda: not page.locator("#edit-menu").is_visible())
+    assert user_messages(page) == 0
+    assert page.input_value("#chat-input textarea") == "The next question"
 
 
 def test_undo_regenerate_and_clear(page: Page):

@@ -84,12 +84,15 @@ class ChatView:
             return ""
         return await self.keeper(visit, session, key, system)
 
-    async def kept_before_dropping(self, visit: Visit, key: str, system: str) -> str:
-        """The open chat stored before the tab drops it (Clear, New chat, another conversation
-        opened), an answer still streaming in it as stopped (it stops once dropped); "" or why
-        not (`SAVE_FAILED`: it stays open)."""
-        visit.chat.stop_unended()
-        return await self.kept(visit, visit.chat, key, system)
+    async def kept_before_dropping(
+        self, visit: Visit, key: str, system: str, session: Session | None = None
+    ) -> str:
+        """The open chat (or `session`, just let go of) stored before the tab drops it (Clear,
+        New chat, another conversation opened), an answer still streaming in it as stopped (it
+        stops once dropped); "" or why not (`SAVE_FAILED`: it stays open)."""
+        session = visit.chat if session is None else session
+        session.stop_unended()
+        return await self.kept(visit, session, key, system)
 
     # --- handlers ----------------------------------------------------------------------------
 
@@ -262,15 +265,31 @@ class ChatView:
         return conversation(session), box_idle(value={"text": turn.text, "files": files}), ""
 
     async def clear(self, visit: Visit | None, key: str | None = None, system: str = "") -> tuple[Any, ...]:
-        """A new, empty chat; the one shown is stored first (where that fails, it stays)."""
-        if visit is not None:
-            unkept = await self.kept_before_dropping(visit, key, system) if key is not None else ""
-            if unkept == SAVE_FAILED:  # (the trash icon has emptied the chat on the page: shown again)
-                return conversation(visit.chat), gr.skip(), KEPT_OPEN, gr.skip()
-            async with visit.chat.saving:  # not while it is being stored: its files go
-                visit.chat.close()
-            return [], box_idle(value=None), unkept, ""
-        return [], box_idle(value=None), "", ""
+        """A new, empty chat; the one shown is stored first (where that fails, it stays). What
+        the box holds stays there, unless it is a message being edited (its files are the
+        dropped chat's): on a busy server the reply to Clear can come after the user typed on."""
+        if visit is None:
+            return [], box_idle(value=None), "", ""
+        editing = visit.chat.editing is not None
+        unkept = await self.replaced_by_a_new_chat(visit, key, system)
+        if unkept == SAVE_FAILED:  # (the trash icon has emptied the chat on the page: shown again)
+            return conversation(visit.chat), gr.skip(), KEPT_OPEN, gr.skip()
+        return conversation(visit.chat), box_idle(value=None) if editing else box_idle(), unkept, ""
+
+    async def replaced_by_a_new_chat(self, visit: Visit, key: str | None, system: str) -> str:
+        """The open chat stored (where `key`, its model, is given) and closed, a new one in its
+        place from the start: a message sent while the store runs goes into the new chat (the old
+        one, closed in place, took it along; a CI run lost one so). "" or why it was not stored;
+        where the store failed (`SAVE_FAILED`) it stays open."""
+        dropped = visit.chat
+        visit.chat = Session()
+        unkept = await self.kept_before_dropping(visit, key, system, dropped) if key is not None else ""
+        if unkept == SAVE_FAILED and not visit.chat.turns:
+            visit.chat = dropped
+            return unkept
+        async with dropped.saving:  # not while it is being stored: its files go
+            dropped.close()
+        return unkept
 
     def edit(self, choice: Any, visit: Visit | None) -> tuple[Any, ...]:
         """A message of the user's picked in the Edit menu: it goes into the box with its files,

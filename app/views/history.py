@@ -483,12 +483,10 @@ class HistoryView:
         """A new conversation; the one open is stored first (where that fails, it stays open)."""
         if visit is None:
             return [], gr.Radio(value=None), ""
-        notice = await self.chat.kept_before_dropping(visit, model, system) if model is not None else ""
+        notice = await self.chat.replaced_by_a_new_chat(visit, model, system)
         if notice == SAVE_FAILED:
             return gr.skip(), gr.skip(), KEPT_OPEN
-        async with visit.chat.saving:
-            visit.chat.close()
-        return [], gr.Radio(value=None), notice
+        return conversation(visit.chat), gr.Radio(value=None), notice
 
     async def _on_picked(
         self, conversation_id: str | None, visit: Visit | None, action: Callable[[History, str, str], Any]
