@@ -44,7 +44,7 @@ from app.storage.history import (
     sqlite_url,
 )
 from app.views import Playground
-from app.views.chat import KEPT_OPEN, ChatView
+from app.views.chat import CLOSED_UNSTORED, KEPT_OPEN, ChatView
 from app.views.compare import CompareView
 from app.views.grid import GridView
 from app.views.history import EXPORTED_STORED, HistoryView
@@ -681,30 +681,95 @@ def test_an_export_where_another_tab_stored_the_chat_is_the_stored_one_with_a_li
     assert "another tab" in notice and "\n" not in notice
 
 
-@pytest.mark.parametrize("action", ["clear", "new chat"])
-def test_a_message_sent_while_clear_stores_the_chat_goes_into_the_new_chat(
+DROPPING = ["clear", "new chat", "reopen"]
+
+
+def drop_the_chat(loop: Any, view: HistoryView, visit: Visit, action: str) -> tuple[Any, ...]:
+    """The tab's chat let go of by `action`: Clear, New chat, or another conversation opened (one
+    stored by the same browser for it); the handler's outputs."""
+    if action == "clear":
+        return loop.run(view.chat.clear(visit, "tiny-a", ""))
+    if action == "new chat":
+        return loop.run(view.new_chat(visit, "tiny-a", ""))
+    other = Visit(browser_id=visit.browser_id)
+    other.chat.turns.append(chat_turn("another conversation", "other"))
+    loop.run(view.save_chat(other, "tiny-a", ""))
+    return loop.run(view.reopen(other.chat.conversation_id, visit, "tiny-a", ""))
+
+
+@pytest.mark.parametrize("action", DROPPING)
+def test_a_message_sent_while_the_chat_is_stored_on_leaving_it_goes_into_the_next_one(
     loop, views, monkeypatch: pytest.MonkeyPatch, action: str
 ):
-    """On a busy server a message sent just after Clear (or New chat) can be added while the
-    chat is still being stored: it went into the chat being dropped, and closing that emptied it
-    (lost)."""
+    """On a busy server a message sent just after Clear (New chat, another conversation opened)
+    can be added while the chat is still being stored: it went into the chat being dropped, and
+    closing that emptied it (lost)."""
     view, history = views
-    visit = Visit(browser_id="quick")
+    visit = Visit(browser_id=f"quick-{action}")
     visit.chat.turns.append(chat_turn("the old question", "old"))
     dropped = visit.chat.conversation_id
     store = history.save
+    sent: list[bool] = []
 
-    def sent_meanwhile(*args: Any, **kwargs: Any) -> Any:
-        visit.chat.turns.append(chat_turn("the next question", "next"))  # as `ChatView.send` adds it
-        return store(*args, **kwargs)
+    def sent_meanwhile(browser: str, record: Any, *args: Any, **kwargs: Any) -> Any:
+        if record.id == dropped and not sent:
+            sent.append(True)
+            visit.chat.turns.append(chat_turn("the next question", "next"))  # as `ChatView.send` adds it
+        return store(browser, record, *args, **kwargs)
 
     monkeypatch.setattr(history, "save", sent_meanwhile)
-    loop.run(
-        view.chat.clear(visit, "tiny-a", "") if action == "clear" else view.new_chat(visit, "tiny-a", "")
-    )
-    assert [t.text for t in history.load("quick", dropped).turns] == ["the old question"]
-    assert [t.text for t in visit.chat.turns] == ["the next question"]
+    drop_the_chat(loop, view, visit, action)
+    assert sent and [t.text for t in history.load(visit.browser_id, dropped).turns] == ["the old question"]
+    opened = ["another conversation"] if action == "reopen" else []
+    assert [t.text for t in visit.chat.turns] == [*opened, "the next question"]
     assert visit.chat.conversation_id != dropped
+
+
+@pytest.mark.parametrize("action", DROPPING)
+def test_a_chat_whose_store_failed_on_leaving_it_stays_open(
+    loop, views, monkeypatch: pytest.MonkeyPatch, action: str
+):
+    """The database refused the store (simulated): the chat stays as it was, with a line why."""
+    view, history = views
+    visit = Visit(browser_id=f"refused-{action}")
+    visit.chat.turns.append(chat_turn("not stored", "no"))
+    shown = visit.chat
+    store = history.save
+
+    def refused(browser: str, record: Any, *args: Any, **kwargs: Any) -> Any:
+        if record.id == shown.conversation_id:
+            raise OperationalError("INSERT ...", {}, Exception("database is locked"))
+        return store(browser, record, *args, **kwargs)
+
+    monkeypatch.setattr(history, "save", refused)
+    outputs = drop_the_chat(loop, view, visit, action)
+    assert KEPT_OPEN in outputs
+    assert visit.chat is shown and [t.text for t in shown.turns] == ["not stored"]
+
+
+@pytest.mark.parametrize("action", DROPPING)
+def test_a_chat_whose_store_failed_after_a_message_went_on_in_the_next_says_it_was_not_kept(
+    loop, views, monkeypatch: pytest.MonkeyPatch, action: str
+):
+    """The store failed, and meanwhile a message went into the chat that took its place: that
+    one stays, and the line says the old one's last changes were not kept (it said "it stays
+    open" while closing it)."""
+    view, history = views
+    visit = Visit(browser_id=f"moved-on-{action}")
+    visit.chat.turns.append(chat_turn("not stored", "no"))
+    shown = visit.chat
+    store = history.save
+
+    def refused_after_a_message(browser: str, record: Any, *args: Any, **kwargs: Any) -> Any:
+        if record.id == shown.conversation_id:
+            visit.chat.turns.append(chat_turn("the next question", "next"))
+            raise OperationalError("INSERT ...", {}, Exception("database is locked"))
+        return store(browser, record, *args, **kwargs)
+
+    monkeypatch.setattr(history, "save", refused_after_a_message)
+    outputs = drop_the_chat(loop, view, visit, action)
+    assert CLOSED_UNSTORED in outputs and KEPT_OPEN not in outputs
+    assert visit.chat is not shown and visit.chat.turns[-1].text == "the next question"
 
 
 def refuse_every_store(monkeypatch: pytest.MonkeyPatch, history: History) -> None:

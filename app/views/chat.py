@@ -7,6 +7,7 @@ Every handler takes the tab's `Visit` (`app.domain.sessions`) and changes only i
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
@@ -44,6 +45,8 @@ from app.views.widgets import (
     sampling_controls,
 )
 
+log = logging.getLogger(__name__)
+
 PRIVATE: dict[str, Any] = {"api_visibility": "private"}  # page events, not API endpoints
 WAITING = "Waiting for the model"
 PREPARING = "Preparing the prompt…"
@@ -65,6 +68,10 @@ SAVE_FAILED = (
     "This conversation could not be stored just now; it is still here, and the next answer tries again."
 )
 KEPT_OPEN = "This conversation could not be stored just now, so it stays open: try again in a moment."
+CLOSED_UNSTORED = (
+    "The conversation before could not be stored just now, and a message went on in this one: "
+    "its last changes were not kept."
+)
 # Stores a tab's chat (the session given: the one an answer went into, though another may be open
 # by the time it ends) with the page's model and system prompt: "" once stored, else the line that
 # says why not (`HistoryView.keep_chat`).
@@ -276,17 +283,28 @@ class ChatView:
             return conversation(visit.chat), gr.skip(), KEPT_OPEN, gr.skip()
         return conversation(visit.chat), box_idle(value=None) if editing else box_idle(), unkept, ""
 
-    async def replaced_by_a_new_chat(self, visit: Visit, key: str | None, system: str) -> str:
-        """The open chat stored (where `key`, its model, is given) and closed, a new one in its
-        place from the start: a message sent while the store runs goes into the new chat (the old
-        one, closed in place, took it along; a CI run lost one so). "" or why it was not stored;
-        where the store failed (`SAVE_FAILED`) it stays open."""
+    async def replaced_by_a_new_chat(
+        self, visit: Visit, key: str | None, system: str, new: Session | None = None
+    ) -> str:
+        """`new` (else a new, empty chat) in place of the open chat at once, then the open one
+        stored (where `key`, its model, is given) and closed: a message sent while the store runs
+        goes into the chat now shown (closed in place, the old one took it along; a CI run lost
+        one so). "" or why it was not stored: where the store failed (`SAVE_FAILED`) and the tab
+        has not changed the chat since, the old one is put back and `new` closed; where it has,
+        the old chat's unstored changes are lost, and the line says so (`CLOSED_UNSTORED`)."""
         dropped = visit.chat
-        visit.chat = Session()
+        new = Session() if new is None else new
+        before = list(new.turns)
+        visit.chat = new
         unkept = await self.kept_before_dropping(visit, key, system, dropped) if key is not None else ""
-        if unkept == SAVE_FAILED and not visit.chat.turns:
-            visit.chat = dropped
-            return unkept
+        if unkept == SAVE_FAILED:
+            if visit.chat is new and len(new.turns) == len(before) and new.starts_with(before):
+                visit.chat = dropped
+                async with new.saving:
+                    new.close()
+                return SAVE_FAILED
+            log.warning("conversation %s closed unstored: its store failed", dropped.conversation_id)
+            unkept = CLOSED_UNSTORED
         async with dropped.saving:  # not while it is being stored: its files go
             dropped.close()
         return unkept

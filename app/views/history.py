@@ -294,14 +294,9 @@ class HistoryView:
         if record.kind == "grid":
             notice = await self.grid_reopened(history, record, visit)
             return (*unchanged[:3], gr.Tabs(selected="grid-tab"), *unchanged[4:-1], notice)
-        # A chat opened takes the open chat's place: that one is stored first. (A comparison
-        # opens in its own tab; the chat stays, streaming if it was.)
-        kept = ""
-        if record.kind == "chat" and model is not None:
-            kept = await self.chat.kept_before_dropping(visit, model, system)
-        elif record.kind == "compare":
-            kept = await self.compare.kept_before_dropping(visit)
-        if kept == SAVE_FAILED:
+        # A comparison opens in its own tab, in place of the one there, which is stored first;
+        # the chat stays, streaming if it was.
+        if record.kind == "compare" and await self.compare.kept_before_dropping(visit) == SAVE_FAILED:
             return (*unchanged[:-1], KEPT_OPEN)
         session = Session()
         session.conversation_id, session.stored_version = record.id, record.version
@@ -312,7 +307,6 @@ class HistoryView:
             self._restore, history, visit.browser_id, record, session, video_frames
         )
         gone_files = GONE_FILES.format(days=self.playground.settings.media_retention_days) if missing else ""
-        notice = " ".join(line for line in (kept, gone_files) if line)
         # As restored, it is stored: opening it and moving on stores nothing.
         session.stored_digest = turns_digest(
             record_of(session, record.kind, record.model, record.system_prompt)[0]
@@ -321,10 +315,13 @@ class HistoryView:
             async with visit.compare.saving:  # not while it is being stored: its files go
                 visit.compare.close()
             visit.compare = session
-            return self.compare_shown(record, session, notice)
-        async with visit.chat.saving:  # not while it is being stored: its files go
-            visit.chat.close()
-        visit.chat = session
+            return self.compare_shown(record, session, gone_files)
+        # The chat opened takes the open chat's place at once; that one is stored (a message
+        # sent while the record was read and restored went into it) and closed.
+        kept = await self.chat.replaced_by_a_new_chat(visit, model, system, session)
+        if kept == SAVE_FAILED:
+            return (*unchanged[:-1], KEPT_OPEN)
+        notice = " ".join(line for line in (kept, gone_files) if line)
         picked: Any = record.model if choice is not None and not choice.reason else gr.skip()
         if choice is not None and not choice.reason:
             visit.chat_model = record.model
@@ -514,13 +511,16 @@ class HistoryView:
             if asked is None or asked[0] != conversation_id or time.monotonic() - asked[1] > CONFIRM_S:
                 visit.delete_asked = (conversation_id, time.monotonic())
                 return gr.skip(), CONFIRM_DELETE
+        shown = visit.chat if visit is not None else None  # (the tab may open another meanwhile)
         _, notice = await self._on_picked(conversation_id, visit, History.delete)
-        if notice or visit is None:
+        if notice or visit is None or shown is None:
             return gr.skip(), notice
-        if conversation_id == visit.chat.conversation_id:
-            async with visit.chat.saving:
-                visit.chat.close()
-            return [], ""
+        if conversation_id == shown.conversation_id:
+            if visit.chat is shown:
+                visit.chat = Session()
+            async with shown.saving:
+                shown.close()
+            return conversation(visit.chat), ""
         return gr.skip(), ""
 
     async def export(
