@@ -19,7 +19,7 @@ from app.domain.conversation import MAX_VERSION_DEPTH, MAX_VERSIONS, Conversatio
 from app.domain.replies import Reply
 from app.domain.sessions import Visit
 from app.storage.history import ConversationRecord, TurnRecord
-from app.views.chat import ChatView
+from app.views.chat import ChatView, menus_shape
 from app.views.history import record_of
 
 
@@ -306,3 +306,17 @@ def test_versions_nest_no_deeper_than_an_import_may_hold(tmp_path: Path) -> None
         history.import_json("another browser", history.export("browser", session.conversation_id))
     finally:
         history.close()
+
+
+def test_the_edit_menus_see_a_new_turn_where_an_old_ones_memory_was_reused():
+    """The menus refresh where the chat's shape changed: told apart by `id()`, a turn undone and
+    a new one made in its memory looked the same, and the menus kept the old message."""
+    visit = Visit()
+    visit.chat.turns.append(Turn(text="the first"))
+    before = menus_shape(visit)
+    for attempt in range(100):  # (CPython hands the freed memory to the next object of its size)
+        visit.chat.turns.clear()
+        visit.chat.turns.append(Turn(text=f"another {attempt}"))
+        assert before is not None and not before.same_as(menus_shape(visit))
+    same = menus_shape(visit)
+    assert same is not None and same.same_as(menus_shape(visit))

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -251,7 +252,8 @@ class ChatView:
             async with contextlib.aclosing(handler(*inputs)) as inner:
                 async for update in inner:
                     now = menus_shape(visit)
-                    yield (*update, *(self.menus(visit) if now != shown else (gr.skip(),) * 3))
+                    changed = now is not None and not now.same_as(shown)
+                    yield (*update, *(self.menus(visit) if changed else (gr.skip(),) * 3))
                     shown = now
 
         return updates
@@ -560,13 +562,33 @@ def shown_if(visit: Visit | None, session: Session) -> Any:
     return conversation(session) if visit is None or visit.chat is session else gr.skip()
 
 
-def menus_shape(visit: Visit | None) -> tuple[Any, ...]:
-    """What the edit controls show of a chat: its turns, their versions, the message edited."""
+@dataclass(frozen=True, eq=False)
+class MenusShape:
+    """What the edit controls show of a chat: the very turns shown (held, so that none is freed
+    and its memory taken by another turn, which `id()` then took for the same), each one's number
+    of versions, and the message edited."""
+
+    session: Session
+    turns: tuple[Turn, ...]
+    versions: tuple[int, ...]
+    editing: int | None
+
+    def same_as(self, other: MenusShape | None) -> bool:
+        return (
+            other is not None
+            and other.session is self.session
+            and len(other.turns) == len(self.turns)
+            and all(a is b for a, b in zip(other.turns, self.turns, strict=True))
+            and (other.versions, other.editing) == (self.versions, self.editing)
+        )
+
+
+def menus_shape(visit: Visit | None) -> MenusShape | None:
     if visit is None:
-        return ()
+        return None
     session = visit.chat
-    turns = tuple((id(t), len(t.versions.tails) if t.versions else 0) for t in session.turns)
-    return (*turns, session.editing)
+    versions = tuple(len(t.versions.tails) if t.versions else 0 for t in session.turns)
+    return MenusShape(session, tuple(session.turns), versions, session.editing)
 
 
 def size_line(card: ModelCard, size: int, counted: int | None) -> str:
