@@ -133,3 +133,21 @@ def test_the_image_runs_the_python_the_base_has():
     # The app's folder is in the home the user step makes, and the user owns it and /data.
     assert re.search(r"^WORKDIR /home/user/app$", DOCKERFILE, re.M)
     assert "chown user:user /data /home/user/app" in run_instruction("useradd")
+
+
+def test_the_committed_seeing_models_are_the_ones_their_code_trains():
+    """The app serves both seeing models from the repository, and the tests use those weights
+    while they carry the stamp of the code that trains them. A change to the training or the data
+    generator committed without weights trained again would make every CI run train them (about
+    29 and 13 minutes): it fails here, in a second."""
+    from app.demo import seeing_llava, seeing_model
+    from app.demo.models import SECOND_FOLDER, SEEING_FOLDER
+
+    assert seeing_model.made_by(SEEING_FOLDER, seeing_model.training_stamp()), (
+        "static/seeing-model is not what app/demo/seeing_model.py trains: "
+        "run scripts/train_seeing_model.py and commit its weights"
+    )
+    assert seeing_model.made_by(SECOND_FOLDER, seeing_llava.training_stamp()), (
+        "static/seeing-model-llava is not what app/demo/seeing_llava.py trains: "
+        "run scripts/train_seeing_model.py --model second and commit its weights"
+    )
