@@ -393,6 +393,11 @@ def test_undo_regenerate_and_clear(page: Page):
 
 
 def test_switching_models_shows_the_load_progress_in_the_chat(page: Page):
+    # The page's first model answers first: one model is resident at a time, so the second has
+    # to load whichever test ran before (after one that used it, it was there, and showed no load).
+    set_max_tokens(page, "chat", 4)
+    send(page, "Hello, first model.")
+    wait_for_answer(page)
     pick(page, "model", LABEL_B)
     page.click("#model-card-box button")
     poll(lambda: LABEL_B in page.inner_text("#model-card"))
@@ -405,7 +410,7 @@ def test_switching_models_shows_the_load_progress_in_the_chat(page: Page):
     shown = re.compile(rf"^{WAITING}: .* is (queued|loading|unloading)")
     poll(lambda: any(shown.search(answer) for answer in bot_messages(page)), 60)
     shoot(page, "loading.png")
-    wait_for_answer(page, timeout_s=180)
+    wait_for_answer(page, answers=2, timeout_s=180)
     assert not bot_messages(page)[-1].startswith(WAITING)
     poll(lambda: "ready" in page.inner_text("#model-state"), 10)
 
