@@ -10,7 +10,7 @@ import base64
 import io
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -734,14 +734,7 @@ def test_a_chat_whose_store_failed_on_leaving_it_stays_open(
     visit = Visit(browser_id=f"refused-{action}")
     visit.chat.turns.append(chat_turn("not stored", "no"))
     shown = visit.chat
-    store = history.save
-
-    def refused(browser: str, record: Any, *args: Any, **kwargs: Any) -> Any:
-        if record.id == shown.conversation_id:
-            raise OperationalError("INSERT ...", {}, Exception("database is locked"))
-        return store(browser, record, *args, **kwargs)
-
-    monkeypatch.setattr(history, "save", refused)
+    refuse_storing(monkeypatch, history, shown.conversation_id)
     outputs = drop_the_chat(loop, view, visit, action)
     assert KEPT_OPEN in outputs
     assert visit.chat is shown and [t.text for t in shown.turns] == ["not stored"]
@@ -758,18 +751,33 @@ def test_a_chat_whose_store_failed_after_a_message_went_on_in_the_next_says_it_w
     visit = Visit(browser_id=f"moved-on-{action}")
     visit.chat.turns.append(chat_turn("not stored", "no"))
     shown = visit.chat
-    store = history.save
 
-    def refused_after_a_message(browser: str, record: Any, *args: Any, **kwargs: Any) -> Any:
-        if record.id == shown.conversation_id:
-            visit.chat.turns.append(chat_turn("the next question", "next"))
-            raise OperationalError("INSERT ...", {}, Exception("database is locked"))
-        return store(browser, record, *args, **kwargs)
+    def sent() -> None:
+        visit.chat.turns.append(chat_turn("the next question", "next"))
 
-    monkeypatch.setattr(history, "save", refused_after_a_message)
+    refuse_storing(monkeypatch, history, shown.conversation_id, meanwhile=sent)
     outputs = drop_the_chat(loop, view, visit, action)
     assert CLOSED_UNSTORED in outputs and KEPT_OPEN not in outputs
     assert visit.chat is not shown and visit.chat.turns[-1].text == "the next question"
+
+
+def refuse_storing(
+    monkeypatch: pytest.MonkeyPatch,
+    history: History,
+    conversation_id: str,
+    meanwhile: Callable[[], Any] = lambda: None,
+) -> None:
+    """The database refuses to store one conversation (simulated), after `meanwhile` (what the
+    tab did while the store ran); others are stored as usual."""
+    store = history.save
+
+    def refused(browser: str, record: Any, *args: Any, **kwargs: Any) -> Any:
+        if record.id == conversation_id:
+            meanwhile()
+            raise OperationalError("INSERT ...", {}, Exception("database is locked"))
+        return store(browser, record, *args, **kwargs)
+
+    monkeypatch.setattr(history, "save", refused)
 
 
 def refuse_every_store(monkeypatch: pytest.MonkeyPatch, history: History) -> None:
