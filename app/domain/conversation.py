@@ -260,7 +260,7 @@ class Session:
 
     def starts_with(self, turns: Sequence[Turn]) -> bool:
         """Whether the chat still begins with these very turns (nothing undone or switched)."""
-        return len(self.turns) >= len(turns) and all(a is b for a, b in zip(self.turns, turns, strict=False))
+        return same_turns(self.turns[: len(turns)], turns)
 
     def given_name(self, path: str | Path) -> str:
         """The name the user gave a file this session keeps, put back in the message box by an
@@ -313,6 +313,11 @@ class Session:
         self.conversation_id = secrets.token_hex(16)
         self.stored_version = 0
         self.stored_digest = ""
+
+
+def same_turns(a: Sequence[Turn], b: Sequence[Turn]) -> bool:
+    """Whether two lists hold the very same turns in order (the objects, not equal copies)."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def same_file(a: Path, b: Path) -> bool:

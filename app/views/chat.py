@@ -28,6 +28,7 @@ from app.domain.conversation import (
     check_media,
     left_out_notice,
     make_turn,
+    same_turns,
     sent_media,
 )
 from app.domain.replies import Reply
@@ -300,7 +301,7 @@ class ChatView:
         visit.chat = new
         unkept = await self.kept_before_dropping(visit, key, system, dropped) if key is not None else ""
         if unkept == SAVE_FAILED:
-            if visit.chat is new and len(new.turns) == len(before) and new.starts_with(before):
+            if visit.chat is new and same_turns(new.turns, before):
                 visit.chat = dropped
                 async with new.saving:
                     new.close()
@@ -577,8 +578,7 @@ class MenusShape:
         return (
             other is not None
             and other.session is self.session
-            and len(other.turns) == len(self.turns)
-            and all(a is b for a, b in zip(other.turns, self.turns, strict=True))
+            and same_turns(other.turns, self.turns)
             and (other.versions, other.editing) == (self.versions, self.editing)
         )
 
