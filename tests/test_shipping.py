@@ -139,7 +139,7 @@ def test_the_committed_seeing_models_are_the_ones_their_code_trains():
     """The app serves both seeing models from the repository, and the tests use those weights
     while they carry the stamp of the code that trains them. A change to the training or the data
     generator committed without weights trained again would make every CI run train them (about
-    29 and 13 minutes): it fails here, in a second."""
+    45 and 15 minutes): it fails here, in a second."""
     from app.demo import seeing_llava, seeing_model
     from app.demo.models import SECOND_FOLDER, SEEING_FOLDER
 
@@ -151,3 +151,30 @@ def test_the_committed_seeing_models_are_the_ones_their_code_trains():
         "static/seeing-model-llava is not what app/demo/seeing_llava.py trains: "
         "run scripts/train_seeing_model.py --model second and commit its weights"
     )
+
+
+def test_the_towers_weights_are_named_as_released_once(tmp_path: Path):
+    """vLLM loads LLaVA-1.5's tower as `vision_tower.vision_model.*`; renaming twice (or a
+    transformers that already saves it so) must leave the names as they are."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from app.demo import seeing_llava
+
+    weights = tmp_path / "model.safetensors"
+    save_file(
+        {
+            "vision_tower.embeddings.patch_embedding.weight": torch.zeros(1),
+            "vision_tower.vision_model.post_layernorm.weight": torch.zeros(1),
+            "language_model.lm_head.weight": torch.zeros(1),
+        },
+        weights,
+    )
+    expected = {
+        "vision_tower.vision_model.embeddings.patch_embedding.weight",
+        "vision_tower.vision_model.post_layernorm.weight",
+        "language_model.lm_head.weight",
+    }
+    for _ in range(2):
+        seeing_llava.name_tower_as_released(weights)
+        assert set(load_file(weights)) == expected

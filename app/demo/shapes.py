@@ -63,6 +63,8 @@ BACKDROP_WORDS = {
     "gradient": "white",
 }
 BACKGROUND_WORDS = ("white", "grey", "black")
+# The pages the background question picks from for each answer.
+BACKDROPS_OF_WORD = {"white": ("white", "off-white", "gradient"), "grey": ("grey",), "black": ("dark",)}
 # The share of the picture's shorter side a shape takes, by how many shapes there are: one shape
 # from small to nearly all of it; two or three up to what fits apart in a wide picture (`place`
 # makes them smaller until they fit).
@@ -728,7 +730,12 @@ def example(rng: random.Random, kind: str | None = None) -> Example:
                 answer = f"the {bigger.colour} {bigger.shape}"
                 return Example(kind, ask(rng, kind), answer, [found.image], scene=found)
     if kind == "background":
-        found = scene(rng, random_shapes(rng, rng.randint(1, 3)))
+        # White and grey pages as often as each other, and black ones where no shape is black:
+        # among all pages grey is one in six, and run J answered "white" to most grey pages.
+        # Noisy pages are left out: their word depends on how light the page came out.
+        drawn = random_shapes(rng, rng.randint(1, 3))
+        words = ["white", "grey"] + ["black"] * all(d.colour != "black" for d in drawn)
+        found = scene(rng, drawn, backdrop_kind=rng.choice(BACKDROPS_OF_WORD[rng.choice(words)]))
         return Example(kind, ask(rng, kind), found.background, [found.image], scene=found)
     if kind == "describe":
         while True:
