@@ -46,9 +46,11 @@ FOREIGN = Path(__file__).resolve().parent / "data" / "foreign-shapes"
 # the foreign pictures (docs/BENCHMARKS.md has the figures). Each is held to it in a strict xfail
 # test of its own, which fails as soon as that kind reaches it, so that these sets shrink to
 # nothing. Run K's weights (2026-11-27) reached it on shape and place; a clip's first and last
-# colour, at it with run G's, came out at 21/24 with K's on seed 7.
-BELOW_FLOOR = frozenset({"count", "colour count", "describe", "box", "start", "end"})
-BELOW_FLOOR_FOREIGN = frozenset({"bigger", "colour count", "describe", "box"})
+# colour, at it with run G's, came out at 21/24 with K's on seed 7. Meanwhile each may not fall
+# below the share given here, a little under what run K's weights score (the answers do not
+# change from run to run), so that a training that trades one kind for another says so.
+BELOW_FLOOR = {"count": 0.75, "colour count": 0.33, "describe": 0.5, "box": 0.0, "start": 0.8, "end": 0.8}
+BELOW_FLOOR_FOREIGN = {"bigger": 0.6, "colour count": 0.5, "describe": 0.4, "box": 0.0}
 
 
 COMMITTED = "committed"  # the weights in the repository, which the app serves
@@ -133,6 +135,10 @@ def test_held_out_accuracy_of_a_kind_below_the_floor_reaches_it(held_out: dict[s
     assert held_out[kind] >= FLOOR, held_out
 
 
+def test_held_out_accuracy_of_the_kinds_below_the_floor_keeps_what_they_reached(held_out: dict[str, float]):
+    assert all(held_out[kind] >= lowest for kind, lowest in BELOW_FLOOR.items()), held_out
+
+
 def test_the_committed_weights_the_app_serves_see_too(loop, manager: EngineManager):
     scores = loop.run(accuracy(manager, COMMITTED, PER_KIND // 2, seed=11))
     print("committed weights:", {kind: f"{score:.0%}" for kind, score in scores.items()})
@@ -167,6 +173,13 @@ def test_a_kind_below_the_floor_reaches_it_on_pictures_drawn_by_another_hand(for
     scores, wrong = foreign
     right, asked = scores[kind]
     assert right >= FLOOR * asked, wrong
+
+
+def test_the_kinds_below_the_floor_keep_what_they_reached_on_pictures_drawn_by_another_hand(foreign):
+    scores, wrong = foreign
+    assert all(scores[kind][0] >= lowest * scores[kind][1] for kind, lowest in BELOW_FLOOR_FOREIGN.items()), (
+        wrong
+    )
 
 
 def readme_table() -> list[tuple[str, str, str, str]]:
