@@ -68,7 +68,7 @@ KIND_WEIGHTS = {
 
 @dataclass(frozen=True)
 class Steps:
-    """Training steps of each lesson (about 0.25 s and 0.4 s a step on two cores)."""
+    """Training steps of each lesson (about 0.26 s and 0.29 s a step on two cores)."""
 
     vision: int = 6000
     answers: int = 3000

@@ -63,8 +63,10 @@ BACKDROP_WORDS = {
     "gradient": "white",
 }
 BACKGROUND_WORDS = ("white", "grey", "black")
-# The pages the background question picks from for each answer.
-BACKDROPS_OF_WORD = {"white": ("white", "off-white", "gradient"), "grey": ("grey",), "black": ("dark",)}
+# The pages the background question picks from for each answer: those whose word is fixed.
+BACKDROPS_OF_WORD = {
+    word: tuple(k for k, w in BACKDROP_WORDS.items() if w == word) for word in BACKGROUND_WORDS
+}
 # The share of the picture's shorter side a shape takes, by how many shapes there are: one shape
 # from small to nearly all of it; two or three up to what fits apart in a wide picture (`place`
 # makes them smaller until they fit).
@@ -732,7 +734,8 @@ def example(rng: random.Random, kind: str | None = None) -> Example:
     if kind == "background":
         # White and grey pages as often as each other, and black ones where no shape is black:
         # among all pages grey is one in six, and run J answered "white" to most grey pages.
-        # Noisy pages are left out: their word depends on how light the page came out.
+        # Noisy pages are left out (not in `BACKDROP_WORDS`): their word depends on how light
+        # the page came out.
         drawn = random_shapes(rng, rng.randint(1, 3))
         words = ["white", "grey"] + ["black"] * all(d.colour != "black" for d in drawn)
         found = scene(rng, drawn, backdrop_kind=rng.choice(BACKDROPS_OF_WORD[rng.choice(words)]))
