@@ -5,7 +5,7 @@ example, through the real vLLM engine:
     .venv/bin/python scripts/train_seeing_model.py [--model first|second] [--out DIR] [--per-kind N]
 
 `first` (the default): the tiny Qwen3-VL of `app.demo.seeing_model`, into `static/seeing-model`
-(about 45 minutes on two CPU cores: 43 in run K). `second`: the tiny LLaVA-1.5 of `app.demo.seeing_llava`,
+(about 45 minutes on two CPU cores: 42 in run L). `second`: the tiny LLaVA-1.5 of `app.demo.seeing_llava`,
 into `static/seeing-model-llava` (about 15 minutes). Evaluating takes a minute or two. The tests
 train again from the same code where the committed weights' stamp no longer matches it
 (`tests/test_seeing.py`, `tests/test_seeing_second.py`).
@@ -31,12 +31,21 @@ sys.path.insert(0, str(ROOT))
 from app.catalog.cards import ModelCard, load_cards  # noqa: E402
 from app.demo import seeing_llava, seeing_model  # noqa: E402
 from app.demo.models import SECOND_FOLDER, SEEING_FOLDER, use_local_vllm_environment  # noqa: E402
-from app.demo.seeing_check import answers, foreign_set, readme_example, tally, wrong_answers  # noqa: E402
+from app.demo.seeing_check import (  # noqa: E402
+    answers,
+    foreign_set,
+    readme_example,
+    stranger_questions,
+    tally,
+    wrong_answers,
+)
 from app.demo.seeing_model import Steps  # noqa: E402
 
 # Not training's seed, nor the tests': questions about pictures no run has seen.
 EVALUATION_SEED = 31
 FOREIGN = ROOT / "tests" / "data" / "foreign-shapes"
+# Pictures of its kind each wording training never uses is asked about (`STRANGER_WORDINGS`).
+STRANGER_PICTURES = 12
 
 
 @dataclass(frozen=True)
@@ -79,9 +88,9 @@ RECIPES = {
 
 
 def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
-    """The model in `folder` asked `per_kind` held-out questions of each kind, the foreign set and
-    the README example, through the app's engine manager and the real vLLM engine (greedy);
-    prints the share right per kind, and the foreign set's wrong answers."""
+    """The model in `folder` asked `per_kind` held-out questions of each kind, the foreign set, the
+    README example and wordings training never uses, through the app's engine manager and the
+    real vLLM engine (greedy); prints the share right per kind, and the foreign set's wrong answers."""
     use_local_vllm_environment(Path(tempfile.mkdtemp(prefix="vllm-seeing-")))
     from app.config import Settings
     from app.engines.manager import EngineManager
@@ -106,6 +115,12 @@ def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
                 print(f"  {kind:12} {right}/{count} = {right / count:.0%}")
             for line in wrong_answers(asked, said):
                 print(f"  wrong: {line}")
+            asked_of = stranger_questions(FOREIGN, STRANGER_PICTURES)
+            strangers = [q for q in asked_of if q.kind.split(":")[0] in recipe.kinds]
+            said = await answers(manager, recipe.key, decoder, strangers)
+            print(f"wordings training never uses, on the foreign set's pictures ({STRANGER_PICTURES} each):")
+            for kind, (right, count) in tally(strangers, said).items():
+                print(f"  {kind:50} {right}/{count}")
         finally:
             await manager.close()
 

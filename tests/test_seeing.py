@@ -19,7 +19,16 @@ from PIL import Image
 
 from app.catalog.cards import ModelCard, load_cards
 from app.config import Settings
-from app.demo.seeing_check import FOREIGN_KINDS, answers, foreign_set, readme_example, tally, wrong_answers
+from app.demo.seeing_check import (
+    FOREIGN_KINDS,
+    STRANGER_WORDINGS,
+    answers,
+    foreign_set,
+    readme_example,
+    stranger_questions,
+    tally,
+    wrong_answers,
+)
 from app.demo.seeing_model import (
     BASE_CARD,
     SEEING_KEY,
@@ -45,12 +54,18 @@ FOREIGN = Path(__file__).resolve().parent / "data" / "foreign-shapes"
 # Issue 29 is not done: these kinds are below the floor on the held-out questions (seed 7) and on
 # the foreign pictures (docs/BENCHMARKS.md has the figures). Each is held to it in a strict xfail
 # test of its own, which fails as soon as that kind reaches it, so that these sets shrink to
-# nothing. Run K's weights (2026-11-27) reached it on shape and place; a clip's first and last
-# colour, at it with run G's, came out at 21/24 with K's on seed 7. Meanwhile each may not fall
-# below the share given here, a little under what run K's weights score (the answers do not
-# change from run to run), so that a training that trades one kind for another says so.
-BELOW_FLOOR = {"count": 0.75, "colour count": 0.33, "describe": 0.5, "box": 0.0, "start": 0.8, "end": 0.8}
-BELOW_FLOOR_FOREIGN = {"bigger": 0.6, "colour count": 0.5, "describe": 0.4, "box": 0.0}
+# nothing. Run L's weights (2026-11-27, trained on the short wordings a stranger types) reached it
+# on a clip's first and last colour; the kind of shape (21/24 here, K 23/24) and counts on the
+# foreign pictures (22/25, K 23/25) fell below it. Meanwhile each may not fall below the share
+# given here, a little under what run L's weights score (the answers do not change from run to
+# run), so that a training that trades one kind for another says so.
+BELOW_FLOOR = {"shape": 0.8, "count": 0.8, "colour count": 0.45, "describe": 0.5, "box": 0.04}
+BELOW_FLOOR_FOREIGN = {"count": 0.8, "bigger": 0.6, "colour count": 0.4, "describe": 0.4, "box": 0.0}
+# Wordings training never uses (`seeing_check.STRANGER_WORDINGS`), on the foreign set's pictures:
+# the kinds below the floor there, each with the share run L's weights may not fall below. "Number
+# of shapes?" gets the sentence of what it can answer: "number" is in that sentence, "how many" not.
+STRANGER_BELOW_FLOOR = {"count": 0.35, "bigger": 0.7, "describe": 0.45}
+STRANGER_PICTURES = 12  # pictures each stranger wording is asked about
 
 
 COMMITTED = "committed"  # the weights in the repository, which the app serves
@@ -182,6 +197,33 @@ def test_the_kinds_below_the_floor_keep_what_they_reached_on_pictures_drawn_by_a
     )
 
 
+@pytest.fixture(scope="module")
+def strangers(loop, manager: EngineManager, decoder: VideoDecoderPool) -> dict[str, tuple[int, int]]:
+    """The committed weights asked the wordings training never uses: (right, asked) per kind."""
+    questions = stranger_questions(FOREIGN, STRANGER_PICTURES)
+    per_wording = tally(questions, loop.run(answers(manager, COMMITTED, decoder, questions)))
+    print("stranger wordings:", {wording: f"{r}/{n}" for wording, (r, n) in per_wording.items()})
+    scores: dict[str, tuple[int, int]] = {}
+    for wording, (right, asked) in per_wording.items():
+        kind = wording.split(":")[0]
+        scores[kind] = (scores.get(kind, (0, 0))[0] + right, scores.get(kind, (0, 0))[1] + asked)
+    return scores
+
+
+def test_the_committed_weights_understand_wordings_training_never_uses(strangers):
+    """A stranger types their own words: what is asked, not the training's sentences, decides
+    the answer ("Which colour?" got the page's colour from the second model, run K)."""
+    assert set(strangers) == set(STRANGER_WORDINGS)
+    assert all(
+        right >= FLOOR * asked
+        for kind, (right, asked) in strangers.items()
+        if kind not in STRANGER_BELOW_FLOOR
+    ), strangers
+    assert all(
+        strangers[kind][0] >= lowest * strangers[kind][1] for kind, lowest in STRANGER_BELOW_FLOOR.items()
+    ), strangers
+
+
 def readme_table() -> list[tuple[str, str, str, str]]:
     """The README's table of foreign pictures and the demo model's answers: (file, question,
     answer, verdict) per row, the verdict "right" or "wrong: ..."."""
@@ -246,11 +288,9 @@ def test_it_points_with_a_box_the_chat_can_draw(loop, manager, decoder, tmp_path
     assert len(boxes) == 1 and boxes[0].label == "blue square", said
 
 
-@pytest.mark.xfail(
-    strict=True, reason="issue 29 item 4: its boxes are not yet where the shape is (BENCHMARKS.md)"
-)
 def test_its_box_is_over_the_shape(loop, manager, decoder, tmp_path: Path):
-    """Within a tenth of the picture's side of the shape's pixels."""
+    """Within a tenth of the picture's side of the shape's pixels (since run L's weights; on the
+    foreign set's pictures, drawn by others, its boxes are not yet: `BELOW_FLOOR_FOREIGN`)."""
     said, boxes, truth = pointed(loop, manager, decoder, tmp_path)
     box = boxes[0].ordered()
     found = (box.x1, box.y1, box.x2, box.y2)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from app.demo import shapes
-from app.demo.seeing_check import FOREIGN_KINDS
+from app.demo.seeing_check import FOREIGN_KINDS, STRANGER_WORDINGS
 from app.demo.shapes import SHADES, Drawn, example, picture, random_shapes, scene, shade
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,6 +92,27 @@ def test_questions_are_worded_as_people_ask():
     assert any("color" in q for q in asked) and any("colour" in q for q in asked)
     assert any(not q.endswith("?") for q in asked) and any(q[0].islower() for q in asked)
     assert "What colour is it?" in asked or "What color is it?" in asked
+
+
+def plain(question: str) -> str:
+    """A question as `shapes.wording` may vary it, brought back to one spelling."""
+    return question.lower().replace("colour", "color").rstrip("?. ")
+
+
+def test_short_questions_a_stranger_types_are_in_training():
+    """Asked just "Which colour?", the LLaVA model said the page's colour (run K): no training
+    wording was that short. Each kind has a terse one now."""
+    terse = {kind: [q for q in shapes.QUESTIONS[kind] if len(q.split()) <= 3] for kind in STRANGER_WORDINGS}
+    assert all(terse.values()), terse
+
+
+def test_the_stranger_wordings_are_not_training_wordings():
+    """The evaluation's stranger wordings (`seeing_check.STRANGER_WORDINGS`) say whether a model
+    learned what is asked rather than its sentences: none may be a training question."""
+    trained = {plain(q) for questions in shapes.QUESTIONS.values() for q in questions}
+    asked = [q for questions in STRANGER_WORDINGS.values() for q in questions]
+    assert set(STRANGER_WORDINGS) <= set(shapes.QUESTIONS)
+    assert not [q for q in asked if plain(q) in trained]
 
 
 def test_every_kind_has_an_answer_that_matches_its_picture():

@@ -26,6 +26,23 @@ FOREIGN_KINDS = frozenset(
 )
 
 
+# Wordings a stranger might type that training never uses (no question of `shapes.QUESTIONS`,
+# whatever its spelling, case or question mark; a test checks), asked about the foreign set's
+# pictures of their kind: whether a model learned what is asked or only its sentences. Asked just
+# "Which colour?", the LLaVA said the page's colour to most pictures (run K): no training wording
+# was that short. That one and others like it are training wordings now; these stay out of it.
+STRANGER_WORDINGS = {
+    "colour": ("What's the colour?", "Which color is this shape?", "colour of the shape?"),
+    "shape": ("Which shape is it?", "What shape is shown?"),
+    "side": ("Is the shape left or right?", "Left side or right side?"),
+    "count": ("How many shapes are shown?", "Number of shapes?"),
+    "where": ("Where's the shape?", "Where is the shape placed?"),
+    "bigger": ("Which shape is the bigger one?",),
+    "background": ("What's the background colour?", "What colour is the background of the picture?"),
+    "describe": ("Describe the image.", "Tell me what is in the picture."),
+}
+
+
 @dataclass(frozen=True)
 class Question:
     """One question about one or more files, of a kind (colour, shape, side, count...), with
@@ -41,6 +58,18 @@ def foreign_set(folder: Path) -> list[Question]:
     """The questions of a set written by `scripts/make_foreign_eval.py` (`answers.json`)."""
     rows = json.loads((Path(folder) / "answers.json").read_text())
     return [Question(r["kind"], r["question"], r["answer"], (Path(folder) / r["file"],)) for r in rows]
+
+
+def stranger_questions(folder: Path, per_wording: int) -> list[Question]:
+    """Each of `STRANGER_WORDINGS` asked about the first `per_wording` pictures of its kind in the
+    foreign set at `folder`, with their answers; a question's kind is "<kind>: <wording>"."""
+    rows = foreign_set(folder)
+    return [
+        Question(f"{kind}: {text}", text, row.answer, row.files)
+        for kind, texts in STRANGER_WORDINGS.items()
+        for text in texts
+        for row in [row for row in rows if row.kind == kind][:per_wording]
+    ]
 
 
 def readme_example() -> list[Question]:
