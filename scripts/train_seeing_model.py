@@ -6,7 +6,7 @@ example, through the real vLLM engine:
 
 `first` (the default): the tiny Qwen3-VL of `app.demo.seeing_model`, into `static/seeing-model`
 (about 45 minutes on two CPU cores: 42 in run L). `second`: the tiny LLaVA-1.5 of `app.demo.seeing_llava`,
-into `static/seeing-model-llava` (about 15 minutes). Evaluating takes a minute or two. The tests
+into `static/seeing-model-llava` (about 17 minutes). Evaluating takes a minute or two. The tests
 train again from the same code where the committed weights' stamp no longer matches it
 (`tests/test_seeing.py`, `tests/test_seeing_second.py`).
 """
@@ -32,7 +32,9 @@ from app.catalog.cards import ModelCard, load_cards  # noqa: E402
 from app.demo import seeing_llava, seeing_model  # noqa: E402
 from app.demo.models import SECOND_FOLDER, SEEING_FOLDER, use_local_vllm_environment  # noqa: E402
 from app.demo.seeing_check import (  # noqa: E402
+    STRANGER_PICTURES,
     answers,
+    by_wording,
     foreign_set,
     readme_example,
     stranger_questions,
@@ -44,8 +46,6 @@ from app.demo.seeing_model import Steps  # noqa: E402
 # Not training's seed, nor the tests': questions about pictures no run has seen.
 EVALUATION_SEED = 31
 FOREIGN = ROOT / "tests" / "data" / "foreign-shapes"
-# Pictures of its kind each wording training never uses is asked about (`STRANGER_WORDINGS`).
-STRANGER_PICTURES = 12
 
 
 @dataclass(frozen=True)
@@ -115,12 +115,11 @@ def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
                 print(f"  {kind:12} {right}/{count} = {right / count:.0%}")
             for line in wrong_answers(asked, said):
                 print(f"  wrong: {line}")
-            asked_of = stranger_questions(FOREIGN, STRANGER_PICTURES)
-            strangers = [q for q in asked_of if q.kind.split(":")[0] in recipe.kinds]
+            strangers = [q for q in stranger_questions(FOREIGN) if q.kind in recipe.kinds]
             said = await answers(manager, recipe.key, decoder, strangers)
             print(f"wordings training never uses, on the foreign set's pictures ({STRANGER_PICTURES} each):")
-            for kind, (right, count) in tally(strangers, said).items():
-                print(f"  {kind:50} {right}/{count}")
+            for wording, (right, count) in tally(strangers, said, by_wording).items():
+                print(f"  {wording:50} {right}/{count}")
         finally:
             await manager.close()
 

@@ -21,8 +21,10 @@ from app.catalog.cards import ModelCard, load_cards
 from app.config import Settings
 from app.demo.seeing_check import (
     FOREIGN_KINDS,
+    STRANGER_PICTURES,
     STRANGER_WORDINGS,
     answers,
+    by_wording,
     foreign_set,
     readme_example,
     stranger_questions,
@@ -51,21 +53,21 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 PER_KIND, FLOOR = 24, 0.9
 # Pictures drawn by other code (OpenCV, `scripts/make_foreign_eval.py`); every other one is asked.
 FOREIGN = Path(__file__).resolve().parent / "data" / "foreign-shapes"
-# Issue 29 is not done: these kinds are below the floor on the held-out questions (seed 7) and on
-# the foreign pictures (docs/BENCHMARKS.md has the figures). Each is held to it in a strict xfail
-# test of its own, which fails as soon as that kind reaches it, so that these sets shrink to
-# nothing. Run L's weights (2026-11-27, trained on the short wordings a stranger types) reached it
-# on a clip's first and last colour; the kind of shape (21/24 here, K 23/24) and counts on the
-# foreign pictures (22/25, K 23/25) fell below it. Meanwhile each may not fall below the share
-# given here, a little under what run L's weights score (the answers do not change from run to
-# run), so that a training that trades one kind for another says so.
+# Issue 29 is not done: these kinds are below the floor on the held-out questions (seed 7), on
+# the foreign pictures and in wordings training never uses (docs/BENCHMARKS.md has the figures).
+# Each is held to it in a strict xfail test of its own, which fails as soon as that kind reaches
+# it, so that these sets shrink to nothing. Run L's weights (2026-11-27, trained on the short
+# wordings a stranger types) reached it on a clip's first and last colour; the kind of shape
+# (21/24 here, K 23/24) and counts on the foreign pictures (22/25, K 23/25) fell below it.
+# Meanwhile each may not fall below the share given here, which lets run L's weights (the answers
+# do not change from run to run) miss one question more than they do, so that a training that
+# trades one kind for another says so. Boxes on the foreign pictures have nothing to keep: none
+# is right. Counts of a colour on them were 8/13 with run K's weights and are 6/13 with L's.
 BELOW_FLOOR = {"shape": 0.8, "count": 0.8, "colour count": 0.45, "describe": 0.5, "box": 0.04}
-BELOW_FLOOR_FOREIGN = {"count": 0.8, "bigger": 0.6, "colour count": 0.4, "describe": 0.4, "box": 0.0}
-# Wordings training never uses (`seeing_check.STRANGER_WORDINGS`), on the foreign set's pictures:
-# the kinds below the floor there, each with the share run L's weights may not fall below. "Number
-# of shapes?" gets the sentence of what it can answer: "number" is in that sentence, "how many" not.
-STRANGER_BELOW_FLOOR = {"count": 0.35, "bigger": 0.7, "describe": 0.45}
-STRANGER_PICTURES = 12  # pictures each stranger wording is asked about
+BELOW_FLOOR_FOREIGN = {"count": 0.8, "bigger": 0.55, "colour count": 0.35, "describe": 0.35, "box": 0.0}
+# "Number of shapes?" gets the sentence of what it can answer: "number" is in that sentence, "how
+# many" is not. Run L's weights: counts 9/24, the bigger 9/12, descriptions 12/24.
+STRANGER_BELOW_FLOOR = {"count": 0.3, "bigger": 0.65, "describe": 0.45}
 
 
 COMMITTED = "committed"  # the weights in the repository, which the app serves
@@ -200,25 +202,37 @@ def test_the_kinds_below_the_floor_keep_what_they_reached_on_pictures_drawn_by_a
 @pytest.fixture(scope="module")
 def strangers(loop, manager: EngineManager, decoder: VideoDecoderPool) -> dict[str, tuple[int, int]]:
     """The committed weights asked the wordings training never uses: (right, asked) per kind."""
-    questions = stranger_questions(FOREIGN, STRANGER_PICTURES)
-    per_wording = tally(questions, loop.run(answers(manager, COMMITTED, decoder, questions)))
-    print("stranger wordings:", {wording: f"{r}/{n}" for wording, (r, n) in per_wording.items()})
-    scores: dict[str, tuple[int, int]] = {}
-    for wording, (right, asked) in per_wording.items():
-        kind = wording.split(":")[0]
-        scores[kind] = (scores.get(kind, (0, 0))[0] + right, scores.get(kind, (0, 0))[1] + asked)
-    return scores
+    questions = stranger_questions(FOREIGN)
+    said = loop.run(answers(manager, COMMITTED, decoder, questions))
+    print(
+        "stranger wordings:",
+        {wording: f"{r}/{n}" for wording, (r, n) in tally(questions, said, by_wording).items()},
+    )
+    return tally(questions, said)
 
 
 def test_the_committed_weights_understand_wordings_training_never_uses(strangers):
     """A stranger types their own words: what is asked, not the training's sentences, decides
     the answer ("Which colour?" got the page's colour from the second model, run K)."""
-    assert set(strangers) == set(STRANGER_WORDINGS)
+    assert strangers.keys() == STRANGER_WORDINGS.keys()
+    assert all(
+        strangers[kind][1] == len(texts) * STRANGER_PICTURES for kind, texts in STRANGER_WORDINGS.items()
+    )
     assert all(
         right >= FLOOR * asked
         for kind, (right, asked) in strangers.items()
         if kind not in STRANGER_BELOW_FLOOR
     ), strangers
+
+
+@pytest.mark.xfail(strict=True, reason="issue 29: not yet at the floor (docs/BENCHMARKS.md)")
+@pytest.mark.parametrize("kind", sorted(STRANGER_BELOW_FLOOR))
+def test_a_kind_below_the_floor_reaches_it_in_wordings_training_never_uses(strangers, kind: str):
+    right, asked = strangers[kind]
+    assert right >= FLOOR * asked, strangers
+
+
+def test_the_kinds_below_the_floor_keep_what_they_reached_in_wordings_training_never_uses(strangers):
     assert all(
         strangers[kind][0] >= lowest * strangers[kind][1] for kind, lowest in STRANGER_BELOW_FLOOR.items()
     ), strangers

@@ -101,15 +101,22 @@ def plain(question: str) -> str:
 
 def test_short_questions_a_stranger_types_are_in_training():
     """Asked just "Which colour?", the LLaVA model said the page's colour (run K): no training
-    wording was that short. Each kind has a terse one now."""
+    wording was that short. Each kind the evaluation asks in a stranger's words has a short one."""
     terse = {kind: [q for q in shapes.QUESTIONS[kind] if len(q.split()) <= 3] for kind in STRANGER_WORDINGS}
     assert all(terse.values()), terse
 
 
 def test_the_stranger_wordings_are_not_training_wordings():
     """The evaluation's stranger wordings (`seeing_check.STRANGER_WORDINGS`) say whether a model
-    learned what is asked rather than its sentences: none may be a training question."""
-    trained = {plain(q) for questions in shapes.QUESTIONS.values() for q in questions}
+    learned what is asked rather than its sentences: none may be a training question, with any
+    colour and shape filled in."""
+    trained = {
+        plain(q.format(colour=colour, shape=kind))
+        for questions in shapes.QUESTIONS.values()
+        for q in questions
+        for colour in shapes.COLOURS
+        for kind in shapes.SHAPES
+    }
     asked = [q for questions in STRANGER_WORDINGS.values() for q in questions]
     assert set(STRANGER_WORDINGS) <= set(shapes.QUESTIONS)
     assert not [q for q in asked if plain(q) in trained]

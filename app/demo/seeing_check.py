@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 
 from app.demo.seeing_model import ask, right_answer
@@ -27,10 +29,12 @@ FOREIGN_KINDS = frozenset(
 
 
 # Wordings a stranger might type that training never uses (no question of `shapes.QUESTIONS`,
-# whatever its spelling, case or question mark; a test checks), asked about the foreign set's
-# pictures of their kind: whether a model learned what is asked or only its sentences. Asked just
-# "Which colour?", the LLaVA said the page's colour to most pictures (run K): no training wording
-# was that short. That one and others like it are training wordings now; these stay out of it.
+# with any colour and shape filled in and whatever its spelling, case or question mark; a test
+# checks), asked about the foreign set's pictures of their kind: whether a model learned what is
+# asked or only its sentences. The foreign set's own wordings cannot say so: all but a few of them
+# are training wordings. Asked just "Which colour?" (one of them), the LLaVA said the page's
+# colour to most pictures (run K): no training wording was that short. That one and others like
+# it are training wordings now; these stay out of it.
 STRANGER_WORDINGS = {
     "colour": ("What's the colour?", "Which color is this shape?", "colour of the shape?"),
     "shape": ("Which shape is it?", "What shape is shown?"),
@@ -41,6 +45,7 @@ STRANGER_WORDINGS = {
     "background": ("What's the background colour?", "What colour is the background of the picture?"),
     "describe": ("Describe the image.", "Tell me what is in the picture."),
 }
+STRANGER_PICTURES = 12  # the foreign pictures of its kind each stranger wording is asked about
 
 
 @dataclass(frozen=True)
@@ -60,15 +65,21 @@ def foreign_set(folder: Path) -> list[Question]:
     return [Question(r["kind"], r["question"], r["answer"], (Path(folder) / r["file"],)) for r in rows]
 
 
-def stranger_questions(folder: Path, per_wording: int) -> list[Question]:
-    """Each of `STRANGER_WORDINGS` asked about the first `per_wording` pictures of its kind in the
-    foreign set at `folder`, with their answers; a question's kind is "<kind>: <wording>"."""
-    rows = foreign_set(folder)
+def stranger_questions(
+    folder: Path,
+    wordings: dict[str, tuple[str, ...]] = STRANGER_WORDINGS,
+    per_wording: int = STRANGER_PICTURES,
+) -> list[Question]:
+    """Each of `wordings` (per kind) asked about the first `per_wording` pictures of its kind in
+    the foreign set at `folder`, with their answers."""
+    pictures: dict[str, list[Question]] = {}
+    for row in foreign_set(folder):
+        pictures.setdefault(row.kind, []).append(row)
     return [
-        Question(f"{kind}: {text}", text, row.answer, row.files)
-        for kind, texts in STRANGER_WORDINGS.items()
+        Question(kind, text, row.answer, row.files)
+        for kind, texts in wordings.items()
         for text in texts
-        for row in [row for row in rows if row.kind == kind][:per_wording]
+        for row in pictures[kind][:per_wording]
     ]
 
 
@@ -105,12 +116,19 @@ async def answers(
     return list(await asyncio.gather(*(answer_files(manager, key, decoder, q) for q in questions)))
 
 
-def tally(questions: list[Question], said: list[str]) -> dict[str, tuple[int, int]]:
-    """(right, asked) per kind, in the order the kinds first come."""
+def by_wording(question: Question) -> str:
+    return f"{question.kind}: {question.text}"
+
+
+def tally(
+    questions: list[Question], said: list[str], by: Callable[[Question], str] = attrgetter("kind")
+) -> dict[str, tuple[int, int]]:
+    """(right, asked) per kind (or per what `by` says of a question, `by_wording` for one), in
+    the order they first come."""
     result: dict[str, tuple[int, int]] = {}
     for question, answer in zip(questions, said, strict=True):
-        right, asked = result.get(question.kind, (0, 0))
-        result[question.kind] = (right + right_answer(question.kind, question.answer, answer), asked + 1)
+        right, asked = result.get(by(question), (0, 0))
+        result[by(question)] = (right + right_answer(question.kind, question.answer, answer), asked + 1)
     return result
 
 
