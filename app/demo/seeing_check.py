@@ -127,8 +127,9 @@ def tally(
     the order they first come."""
     result: dict[str, tuple[int, int]] = {}
     for question, answer in zip(questions, said, strict=True):
-        right, asked = result.get(by(question), (0, 0))
-        result[by(question)] = (right + right_answer(question.kind, question.answer, answer), asked + 1)
+        key = by(question)
+        right, asked = result.get(key, (0, 0))
+        result[key] = (right + right_answer(question.kind, question.answer, answer), asked + 1)
     return result
 
 
