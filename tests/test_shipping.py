@@ -214,3 +214,27 @@ def test_the_towers_patch_embedding_trains_as_one_product_with_the_convolutions_
         patches_as_one_product(torch.nn.Conv2d(3, 4, kernel_size=3, stride=1)),
     ):
         pass
+
+
+@pytest.mark.parametrize(
+    ("make", "shape"),
+    [
+        (lambda nn: nn.Conv3d(3, 8, kernel_size=(2, 4, 4), stride=(2, 4, 4)), (2, 3, 4, 8, 12)),
+        (lambda nn: nn.Conv2d(3, 8, kernel_size=4, stride=4, bias=False), (2, 3, 8, 12)),
+    ],
+    ids=["3-d", "2-d without bias"],
+)
+def test_patches_as_one_product_keeps_each_patchs_place(make, shape: tuple[int, ...]):
+    """Where the picture holds several patches on each axis (Qwen's training hands it one patch
+    at a time), each output lands at its patch's place, as the convolution puts it."""
+    import torch
+
+    from app.demo.seeing_model import patches_as_one_product
+
+    torch.manual_seed(0)
+    layer = make(torch.nn)
+    pixels = torch.randn(shape)
+    reference = layer(pixels)
+    with patches_as_one_product(layer):
+        product = layer(pixels)
+    torch.testing.assert_close(product, reference, rtol=1e-4, atol=1e-4)
