@@ -139,7 +139,7 @@ def test_the_committed_seeing_models_are_the_ones_their_code_trains():
     """The app serves both seeing models from the repository, and the tests use those weights
     while they carry the stamp of the code that trains them. A change to the training or the data
     generator committed without weights trained again would make every CI run train them (about
-    36 and 17 minutes): it fails here, in a second."""
+    45 and 17 minutes): it fails here, in a second."""
     from app.demo import seeing_llava, seeing_model
     from app.demo.models import SECOND_FOLDER, SEEING_FOLDER
 
@@ -178,63 +178,3 @@ def test_the_towers_weights_are_named_as_released_once(tmp_path: Path):
     for _ in range(2):
         seeing_llava.name_tower_as_released(weights)
         assert set(load_file(weights)) == expected
-
-
-def test_the_towers_patch_embedding_trains_as_one_product_with_the_convolutions_results():
-    """Training runs the first seeing model's patch embedding as one matrix product (faster on
-    the CPU than oneDNN's convolution): on the committed model's own config it gives the
-    convolution's output and weight gradient, and the convolution is back afterwards."""
-    import torch
-    from transformers import AutoConfig, Qwen3VLForConditionalGeneration
-
-    from app.demo.models import SEEING_FOLDER
-    from app.demo.seeing_model import patches_as_one_product
-
-    torch.manual_seed(0)
-    model = Qwen3VLForConditionalGeneration(AutoConfig.from_pretrained(SEEING_FOLDER))
-    embed = model.model.visual.patch_embed
-    conv = embed.proj
-    # 40 patches, flattened as Qwen's image processor hands them over (channels, time, 16x16).
-    pixels = torch.randn(40, conv.weight[0].numel())
-
-    def output_and_gradient() -> tuple[torch.Tensor, torch.Tensor]:
-        conv.weight.grad = None
-        out = embed(pixels)
-        (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum().backward()
-        return out.detach(), conv.weight.grad.clone()
-
-    reference = output_and_gradient()
-    with patches_as_one_product(conv):
-        product = output_and_gradient()
-    for by_convolution, by_product in zip(reference, product, strict=True):
-        torch.testing.assert_close(by_product, by_convolution, rtol=1e-4, atol=1e-4)
-    assert "forward" not in vars(conv)
-    with (
-        pytest.raises(ValueError, match="patch embedding"),
-        patches_as_one_product(torch.nn.Conv2d(3, 4, kernel_size=3, stride=1)),
-    ):
-        pass
-
-
-@pytest.mark.parametrize(
-    ("make", "shape"),
-    [
-        (lambda nn: nn.Conv3d(3, 8, kernel_size=(2, 4, 4), stride=(2, 4, 4)), (2, 3, 4, 8, 12)),
-        (lambda nn: nn.Conv2d(3, 8, kernel_size=4, stride=4, bias=False), (2, 3, 8, 12)),
-    ],
-    ids=["3-d", "2-d without bias"],
-)
-def test_patches_as_one_product_keeps_each_patchs_place(make, shape: tuple[int, ...]):
-    """Where the picture holds several patches on each axis (Qwen's training hands it one patch
-    at a time), each output lands at its patch's place, as the convolution puts it."""
-    import torch
-
-    from app.demo.seeing_model import patches_as_one_product
-
-    torch.manual_seed(0)
-    layer = make(torch.nn)
-    pixels = torch.randn(shape)
-    reference = layer(pixels)
-    with patches_as_one_product(layer):
-        product = layer(pixels)
-    torch.testing.assert_close(product, reference, rtol=1e-4, atol=1e-4)
