@@ -36,6 +36,7 @@ from app.demo.seeing_check import (  # noqa: E402
     answers,
     by_wording,
     foreign_set,
+    labelled_as_asked,
     readme_example,
     stranger_questions,
     tally,
@@ -113,6 +114,8 @@ def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
             print(f"foreign set ({FOREIGN.relative_to(ROOT)}) and the README example:")
             for kind, (right, count) in tally(asked, said).items():
                 print(f"  {kind:12} {right}/{count} = {right / count:.0%}")
+            if "box" in recipe.kinds:
+                print("  box labels as asked: {}/{}".format(*labelled_as_asked(asked, said)))
             for line in wrong_answers(asked, said):
                 print(f"  wrong: {line}")
             strangers = [q for q in stranger_questions(FOREIGN) if q.kind in recipe.kinds]

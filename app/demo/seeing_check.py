@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
@@ -140,3 +141,22 @@ def wrong_answers(questions: list[Question], said: list[str]) -> list[str]:
         for q, answer in zip(questions, said, strict=True)
         if not right_answer(q.kind, q.answer, answer)
     ]
+
+
+LABEL = re.compile(r'"label":\s*"([^"]*)"')
+
+
+def labelled_as_asked(questions: list[Question], said: list[str]) -> tuple[int, int]:
+    """Of the box questions among `questions`, how many were answered with a box labelled with the
+    shape asked about, whatever its numbers: (right, asked). The label is the question's own
+    words; a model that named another shape (run N labelled "the red circle" of the page's
+    example a red triangle) shows the chat a box for something nobody asked about."""
+    labels = [
+        (LABEL.search(answer), LABEL.search(q.answer))
+        for q, answer in zip(questions, said, strict=True)
+        if q.kind == "box"
+    ]
+    right = sum(
+        got is not None and expected is not None and got[1] == expected[1] for got, expected in labels
+    )
+    return right, len(labels)
