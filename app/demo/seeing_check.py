@@ -149,8 +149,8 @@ LABEL = re.compile(r'"label":\s*"([^"]*)"')
 def labelled_as_asked(questions: list[Question], said: list[str]) -> tuple[int, int]:
     """Of the box questions among `questions`, how many were answered with a box labelled with the
     shape asked about, whatever its numbers: (right, asked). The label is the question's own
-    words; a model that named another shape (run N labelled "the red circle" of the page's
-    example a red triangle) shows the chat a box for something nobody asked about."""
+    words; a model that names another shape (run N labelled the red circle of the page's example
+    "red triangle") has the chat draw a box for something nobody asked about."""
     labels = [
         (LABEL.search(answer), LABEL.search(q.answer))
         for q, answer in zip(questions, said, strict=True)
