@@ -133,6 +133,11 @@ def answer(
     return loop.run(chat())
 
 
+def grounding_card() -> ModelCard:
+    """The seeing model's card, for the chat's grounding code to read its boxes with."""
+    return seeing_card(load_cards()[BASE_CARD], Path("unused"))
+
+
 def one_shape(colour: str, shape: str, side: str, size: tuple[int, int] = (200, 150)) -> Image.Image:
     """The tidy drawing (a known background, the reference colours): these tests are about the
     pipeline keeping pixels, so they send pictures whose every pixel is known."""
@@ -219,9 +224,8 @@ def test_the_pages_box_examples_get_a_box_labelled_as_asked(loop, manager, decod
     assert asked is not None, example.text
     files = [EXAMPLES / name for name in example.files]
     said = answer(loop, manager, decoder, [(example.text, files)])
-    card = seeing_card(load_cards()[BASE_CARD], Path("unused"))
     with Image.open(files[0]) as first:
-        boxes = image_boxes(card, said, first.size)
+        boxes = image_boxes(grounding_card(), said, first.size)
     assert [box.label for box in boxes] == [asked[0]], said
 
 
@@ -316,9 +320,8 @@ def pointed(loop, manager, decoder, tmp_path: Path) -> tuple[str, list, tuple[in
     drawn = picture(random.Random(1), [Drawn("red", "circle"), Drawn("blue", "square")], (300, 150))
     drawn.save(path)
     said = answer(loop, manager, decoder, [("Where is the blue square?", [path])])
-    card = seeing_card(load_cards()[BASE_CARD], Path("unused"))
     ys, xs = np.nonzero((np.asarray(drawn) == COLOURS["blue"]).all(-1))
-    return said, image_boxes(card, said, drawn.size), (xs.min(), ys.min(), xs.max(), ys.max())
+    return said, image_boxes(grounding_card(), said, drawn.size), (xs.min(), ys.min(), xs.max(), ys.max())
 
 
 def test_it_points_with_a_box_the_chat_can_draw(loop, manager, decoder, tmp_path: Path):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
@@ -20,6 +19,7 @@ from pathlib import Path
 from app.demo.seeing_model import ask, right_answer
 from app.domain.conversation import Session, engine_messages, make_turn
 from app.engines.manager import EngineManager
+from app.media.grounding import parse_qwen_json
 from app.media.loading import VideoDecoderPool
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "static" / "examples"
@@ -143,20 +143,15 @@ def wrong_answers(questions: list[Question], said: list[str]) -> list[str]:
     ]
 
 
-LABEL = re.compile(r'"label":\s*"([^"]*)"')
-
-
 def labelled_as_asked(questions: list[Question], said: list[str]) -> tuple[int, int]:
-    """Of the box questions among `questions`, how many were answered with a box labelled with the
-    shape asked about, whatever its numbers: (right, asked). The label is the question's own
-    words; a model that names another shape (run N labelled the red circle of the page's example
-    "red triangle") has the chat draw a box for something nobody asked about."""
-    labels = [
-        (LABEL.search(answer), LABEL.search(q.answer))
-        for q, answer in zip(questions, said, strict=True)
-        if q.kind == "box"
-    ]
+    """Of the box questions among `questions`, how many were answered with one box labelled with
+    the shape asked about, whatever its numbers, as the chat's grounding parser reads it: (right,
+    asked). The label is the question's own words; a model that names another shape (run N
+    labelled the red circle of the page's example "red triangle") has the chat draw a box for
+    something nobody asked about."""
+    boxed = [(q, answer) for q, answer in zip(questions, said, strict=True) if q.kind == "box"]
     right = sum(
-        got is not None and expected is not None and got[1] == expected[1] for got, expected in labels
+        [box.label for box in parse_qwen_json(answer)] == [box.label for box in parse_qwen_json(q.answer)]
+        for q, answer in boxed
     )
-    return right, len(labels)
+    return right, len(boxed)
