@@ -1,0 +1,189 @@
+"""What the first seeing model's vision tower carries, whatever its text model makes of it: linear
+probes fitted on the tower's frozen features (pictures of the training generator, another seed),
+then read on held-out pictures and on the foreign set's box questions:
+
+    .venv/bin/python scripts/read_seeing_tower.py [--model DIR] [--steps N] [--untrained]
+
+For each shape, the box read from the mean of its own tokens' probes (on the foreign pictures,
+whose owners are not known, the tokens over the inner half of its true box), counted when every
+side is within a tenth of the picture, as the held-out box question counts; for each token a
+shape covers, its colour and kind of shape. The text model cannot say more than the tower
+carries: a kind whose figure here is far below the target is the tower's to learn first
+(docs/BENCHMARKS.md). About two minutes on two cores (the default 600 steps). `--untrained`:
+the same tower with the random weights it starts from, the figures a trained tower's are gains
+over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from app.demo.models import SEEING_FOLDER  # noqa: E402
+from app.demo.seeing_model import BATCH, lesson_scene, token_labels  # noqa: E402
+
+FOREIGN = ROOT / "tests" / "data" / "foreign-shapes"
+PROBE_SEED, HELD_OUT_SEED, HELD_OUT = 99, 12345, 160
+BOX_NUMBERS = re.compile(r'"bbox_2d": \[(\d+), (\d+), (\d+), (\d+)\]')
+
+
+class Tower:
+    """The trained model's tower, frozen, with its processor: features and token grid per picture."""
+
+    def __init__(self, folder: Path, untrained: bool = False) -> None:
+        import torch
+        from transformers import AutoConfig, AutoProcessor, Qwen3VLForConditionalGeneration
+
+        if untrained:
+            torch.manual_seed(PROBE_SEED)
+            model = Qwen3VLForConditionalGeneration(AutoConfig.from_pretrained(folder))
+        else:
+            model = Qwen3VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+        self.visual = model.model.visual.eval()
+        self.width = model.config.text_config.hidden_size
+        self.processor = AutoProcessor.from_pretrained(folder)
+
+    def features(self, images: list[Any]) -> tuple[Any, list[tuple[int, int]]]:
+        import torch
+
+        inputs = self.processor.image_processor(images=images, return_tensors="pt")
+        with torch.no_grad():
+            found = self.visual(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"]).pooler_output
+        merge = self.visual.spatial_merge_size
+        return found, [
+            (rows // merge, columns // merge) for _, rows, columns in inputs["image_grid_thw"].tolist()
+        ]
+
+
+def fit_probes(tower: Tower, steps: int) -> dict[str, Any]:
+    """Linear probes of box, colour and kind of shape, fitted on the frozen tower's features."""
+    import torch
+
+    torch.manual_seed(PROBE_SEED)
+    probes = torch.nn.ModuleDict(
+        {
+            "box": torch.nn.Linear(tower.width, 4),
+            "colour": torch.nn.Linear(tower.width, 6),
+            "shape": torch.nn.Linear(tower.width, 4),
+        }
+    )
+    optimizer = torch.optim.Adam(probes.parameters(), lr=3e-3)
+    rng = random.Random(PROBE_SEED)  # noqa: S311 (probe data, seeded to be reproducible)
+    for _ in range(steps):
+        scenes = [lesson_scene(rng) for _ in range(BATCH)]
+        features, grids = tower.features([found.image for found in scenes])
+        labels: dict[str, list[Any]] = {"box": [], "colour": [], "shape": []}
+        for found, (rows, columns) in zip(scenes, grids, strict=True):
+            for name, values in token_labels(found, rows, columns).items():
+                if name in labels:
+                    labels[name] += values
+        boxes = torch.tensor(labels["box"])
+        owned = boxes[:, 0] >= 0
+        loss = torch.nn.functional.mse_loss(probes["box"](features)[owned], boxes[owned])
+        for name in ("colour", "shape"):
+            loss = loss + torch.nn.functional.cross_entropy(
+                probes[name](features), torch.tensor(labels[name])
+            )
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return dict(probes.items())
+
+
+def within_a_tenth(said: np.ndarray, truth: np.ndarray) -> bool:
+    return bool((np.abs(said - truth) <= 0.1).all())
+
+
+def read_held_out(
+    tower: Tower, probes: dict[str, Any], pictures: int = HELD_OUT
+) -> dict[str, tuple[int, int]]:
+    """(right, asked): shapes whose box the mean of their tokens' probes gives within a tenth;
+    tokens a shape covers whose colour and kind of shape the probes give."""
+    import torch
+
+    rng = random.Random(HELD_OUT_SEED)  # noqa: S311 (test data, seeded to be reproducible)
+    scenes = [lesson_scene(rng) for _ in range(pictures)]
+    score = {"box": [0, 0], "colour": [0, 0], "shape": [0, 0]}
+    for start in range(0, pictures, BATCH):
+        batch = scenes[start : start + BATCH]
+        features, grids = tower.features([found.image for found in batch])
+        with torch.no_grad():
+            said = {name: probe(features).numpy() for name, probe in probes.items()}
+        first = 0
+        for found, (rows, columns) in zip(batch, grids, strict=True):
+            labels = token_labels(found, rows, columns)
+            tokens = slice(first, first + rows * columns)
+            first += rows * columns
+            # Of the tokens a shape covers only: most tokens are the background's, which even an
+            # untrained tower's features tell apart.
+            covered = np.array(labels["colour"]) > 0
+            for name in ("colour", "shape"):
+                read = said[name][tokens].argmax(1) == np.array(labels[name])
+                score[name][0] += int(read[covered].sum())
+                score[name][1] += int(covered.sum())
+            width, height = found.image.size
+            for left, top, right, bottom in found.boxes:
+                truth = np.array([left / width, top / height, right / width, bottom / height])
+                own = [i for i, box in enumerate(labels["box"]) if np.allclose(box, truth, atol=1e-6)]
+                score["box"][0] += bool(own) and within_a_tenth(said["box"][tokens][own].mean(0), truth)
+                score["box"][1] += 1
+    return {name: (right, asked) for name, (right, asked) in score.items()}
+
+
+def read_foreign(tower: Tower, probes: dict[str, Any]) -> tuple[int, int]:
+    """(right, asked) of the foreign set's box questions, each shape's box read from the tokens
+    over the inner half of its true box."""
+    import torch
+    from PIL import Image
+
+    rows = [row for row in json.loads((FOREIGN / "answers.json").read_text()) if row["kind"] == "box"]
+    right = 0
+    for row in rows:
+        match = BOX_NUMBERS.search(row["answer"])
+        if match is None:
+            raise ValueError(f"no box in the answer to {row['file']}")
+        truth = np.array([int(n) / 1000 for n in match.groups()])
+        features, [(height, width)] = tower.features([Image.open(FOREIGN / row["file"]).convert("RGB")])
+        centre, half = (truth[:2] + truth[2:]) / 2, (truth[2:] - truth[:2]) / 4
+        inner = [
+            token
+            for token in range(height * width)
+            if abs((token % width + 0.5) / width - centre[0]) <= half[0] + 0.5 / width
+            and abs((token // width + 0.5) / height - centre[1]) <= half[1] + 0.5 / height
+        ]
+        with torch.no_grad():
+            said = probes["box"](features).numpy()
+        right += within_a_tenth(said[inner].mean(0), truth)
+    return right, len(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=SEEING_FOLDER, help="a trained first seeing model")
+    parser.add_argument("--steps", type=int, default=600, help="steps fitting the probes")
+    parser.add_argument("--untrained", action="store_true", help="the tower's random starting weights")
+    options = parser.parse_args()
+    if not (options.model / "config.json").is_file():
+        # A folder is read, never a name: transformers would take a name for the Hub's.
+        parser.error(f"{options.model} is not a trained model's folder (it has no config.json)")
+    tower = Tower(options.model, options.untrained)
+    probes = fit_probes(tower, options.steps)
+    for name, (right, asked) in read_held_out(tower, probes).items():
+        unit = "shapes" if name == "box" else "tokens a shape covers"
+        print(f"held out, {name:6}: {right}/{asked} {unit} = {right / asked:.0%}")
+    right, asked = read_foreign(tower, probes)
+    print(f"foreign set, box: {right}/{asked} = {right / asked:.0%}")
+
+
+if __name__ == "__main__":
+    main()
