@@ -17,9 +17,7 @@ over.
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,11 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.demo.models import SEEING_FOLDER  # noqa: E402
-from app.demo.seeing_model import BATCH, lesson_scene, token_labels  # noqa: E402
+from app.demo.seeing_check import foreign_set  # noqa: E402
+from app.demo.seeing_model import BATCH, BOX_NUMBERS, lesson_scene, token_labels  # noqa: E402
 
 FOREIGN = ROOT / "tests" / "data" / "foreign-shapes"
 PROBE_SEED, HELD_OUT_SEED, HELD_OUT = 99, 12345, 160
-BOX_NUMBERS = re.compile(r'"bbox_2d": \[(\d+), (\d+), (\d+), (\d+)\]')
 
 
 class Tower:
@@ -146,14 +144,14 @@ def read_foreign(tower: Tower, probes: dict[str, Any]) -> tuple[int, int]:
     import torch
     from PIL import Image
 
-    rows = [row for row in json.loads((FOREIGN / "answers.json").read_text()) if row["kind"] == "box"]
+    questions = [question for question in foreign_set(FOREIGN) if question.kind == "box"]
     right = 0
-    for row in rows:
-        match = BOX_NUMBERS.search(row["answer"])
+    for question in questions:
+        match = BOX_NUMBERS.search(question.answer)
         if match is None:
-            raise ValueError(f"no box in the answer to {row['file']}")
+            raise ValueError(f"no box in the answer to {question.files[0].name}")
         truth = np.array([int(n) / 1000 for n in match.groups()])
-        features, [(height, width)] = tower.features([Image.open(FOREIGN / row["file"]).convert("RGB")])
+        features, [(height, width)] = tower.features([Image.open(question.files[0]).convert("RGB")])
         centre, half = (truth[:2] + truth[2:]) / 2, (truth[2:] - truth[:2]) / 4
         inner = [
             token
@@ -164,7 +162,7 @@ def read_foreign(tower: Tower, probes: dict[str, Any]) -> tuple[int, int]:
         with torch.no_grad():
             said = probes["box"](features).numpy()
         right += within_a_tenth(said[inner].mean(0), truth)
-    return right, len(rows)
+    return right, len(questions)
 
 
 def main() -> None:
