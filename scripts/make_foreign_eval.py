@@ -160,6 +160,9 @@ MORE_WORDING: dict[str, list[str]] = {
         "Locate the {c} {s} and output its bbox coordinates in JSON format.",
         "Find the {c} {s}.",
     ],
+    # Last, so that the kinds above draw what they drew before these were added.
+    "colour of": ["What colour is the {s}?", "what color is the {s}", "Which colour is the {s}?"],
+    "shape of": ["What shape is the {c} one?", "which shape is {c}", "What is the {c} shape?"],
 }
 
 
@@ -189,7 +192,8 @@ def edges(shape: str, centre: tuple[float, float], radius: float) -> tuple[float
 
 def more_kinds(rng: np.random.Generator, index: int) -> list[dict[str, str]]:
     """Issue 29's other questions: a lone shape's place, the bigger of two, how many of a
-    colour, the background's colour, a sentence describing the picture, and a shape's box."""
+    colour, the background's colour, a sentence describing the picture, a shape's box, and the
+    colour or kind of one shape named among others."""
     rows = []
     for kind in MORE_WORDING:
         for _ in range(PER_KIND // 2):
@@ -210,6 +214,10 @@ def more_kinds(rng: np.random.Generator, index: int) -> list[dict[str, str]]:
             if kind in ("bigger", "box"):
                 while len(set(zip(names, kinds, strict=True))) < count:
                     names = [str(rng.choice(list(PALETTE))) for _ in range(count)]
+            elif kind == "colour of":  # the shape asked about is the only one of its kind
+                kinds = [str(k) for k in rng.permutation(["circle", "square", "triangle"])[:count]]
+            elif kind == "shape of":  # and here the only one of its colour
+                names = [str(c) for c in rng.permutation(list(PALETTE))[:count]]
             if kind == "where":
                 place = str(rng.choice(list(PLACES)))
                 (x_low, x_high), (y_low, y_high) = PLACES[place]
@@ -259,7 +267,7 @@ def more_kinds(rng: np.random.Generator, index: int) -> list[dict[str, str]]:
             asked_colour = str(rng.choice(names if rng.random() < 0.85 else list(PALETTE)))
             target = int(rng.integers(count))
             question = str(rng.choice(MORE_WORDING[kind])).format(
-                c=asked_colour if kind != "box" else names[target], s=kinds[target]
+                c=asked_colour if kind not in ("box", "shape of") else names[target], s=kinds[target]
             )
             if kind == "where":
                 answer = place
@@ -270,6 +278,10 @@ def more_kinds(rng: np.random.Generator, index: int) -> list[dict[str, str]]:
                 answer = ["none", "one", "two", "three"][names.count(asked_colour)]
             elif kind == "background":
                 answer = page_word
+            elif kind == "colour of":
+                answer = names[target]
+            elif kind == "shape of":
+                answer = kinds[target]
             elif kind == "describe":
                 words = ["left", "right"] if count == 2 else ["left", "middle", "right"]
                 if count == 1:

@@ -32,6 +32,7 @@ from app.catalog.cards import ModelCard, load_cards  # noqa: E402
 from app.demo import seeing_llava, seeing_model  # noqa: E402
 from app.demo.models import SECOND_FOLDER, SEEING_FOLDER, use_local_vllm_environment  # noqa: E402
 from app.demo.seeing_check import (  # noqa: E402
+    FOREIGN_KINDS,
     STRANGER_PICTURES,
     answers,
     by_wording,
@@ -52,7 +53,8 @@ FOREIGN = ROOT / "tests" / "data" / "foreign-shapes"
 @dataclass(frozen=True)
 class Recipe:
     """One seeing model: its key, the catalog card it takes its format from, how its card is
-    made, how it is trained, its steps, where the app serves it from, and its held-out test."""
+    made, how it is trained, its steps, where the app serves it from, its held-out test, the
+    kinds it is trained on and those of the foreign set it is asked."""
 
     key: str
     base: str
@@ -62,6 +64,7 @@ class Recipe:
     folder: Path
     accuracy: Callable[..., Any]
     kinds: tuple[str, ...]
+    foreign_kinds: frozenset[str]
 
 
 RECIPES = {
@@ -74,6 +77,7 @@ RECIPES = {
         SEEING_FOLDER,
         seeing_model.accuracy,
         seeing_model.KINDS,
+        FOREIGN_KINDS,
     ),
     "second": Recipe(
         seeing_llava.SECOND_KEY,
@@ -84,6 +88,7 @@ RECIPES = {
         SECOND_FOLDER,
         seeing_llava.accuracy,
         seeing_llava.SECOND_KINDS,
+        FOREIGN_KINDS - {"box"},  # LLaVA-1.5 has no grounding syntax
     ),
 }
 
@@ -109,7 +114,7 @@ def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
             print(f"held-out accuracy ({per_kind} questions of each kind, seed {EVALUATION_SEED}):")
             for kind, score in scores.items():
                 print(f"  {kind:12} {score:.0%}")
-            asked = [q for q in foreign_set(FOREIGN) if q.kind in recipe.kinds] + readme_example()
+            asked = [q for q in foreign_set(FOREIGN) if q.kind in recipe.foreign_kinds] + readme_example()
             said = await answers(manager, recipe.key, decoder, asked)
             print(f"foreign set ({FOREIGN.relative_to(ROOT)}) and the README example:")
             for kind, (right, count) in tally(asked, said).items():

@@ -313,6 +313,18 @@ def test_colour_count(row: dict[str, str]) -> None:
     assert sum(p.colour == asked[0] for p in pieces) == NUMBERS.index(row["answer"]), said(row, pieces)
 
 
+@pytest.mark.parametrize("row", rows_of("colour of") + rows_of("shape of"))
+def test_one_shape_named_among_others(row: dict[str, str]) -> None:
+    # The shape asked about is the only one of its kind ("What colour is the square?") or of its
+    # colour ("What shape is the red one?"); the answer is its colour or its kind.
+    by_kind = row["kind"] == "colour of"
+    asked = re.findall("circle|square|triangle" if by_kind else "|".join(PALETTE), row["question"])
+    pieces = read(row["file"]).pieces
+    named = [p for p in pieces if [p.shape if by_kind else p.colour] == asked]
+    assert len(named) == 1, said(row, pieces)
+    assert (named[0].colour if by_kind else named[0].shape) == row["answer"], said(row, pieces)
+
+
 @pytest.mark.parametrize("row", rows_of("background"))
 def test_background(row: dict[str, str]) -> None:
     reading = read(row["file"])

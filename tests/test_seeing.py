@@ -68,7 +68,17 @@ FOREIGN = Path(__file__).resolve().parent / "data" / "foreign-shapes"
 # trades one kind for another says so. Boxes on the foreign pictures have nothing to keep: none
 # is right. Counts of a colour on them were 8/13 with run K's weights and are 6/13 with L's.
 BELOW_FLOOR = {"shape": 0.8, "count": 0.8, "colour count": 0.45, "describe": 0.5, "box": 0.04}
-BELOW_FLOOR_FOREIGN = {"count": 0.8, "bigger": 0.55, "colour count": 0.35, "describe": 0.35, "box": 0.0}
+# One shape named among several ("What colour is the square?", "What shape is the red one?") is not
+# taught yet: run L's weights answered a box, a description or a count to all 50 (`docs/BENCHMARKS.md`).
+BELOW_FLOOR_FOREIGN = {
+    "count": 0.8,
+    "bigger": 0.55,
+    "colour count": 0.35,
+    "describe": 0.35,
+    "box": 0.0,
+    "colour of": 0.0,
+    "shape of": 0.0,
+}
 # "Number of shapes?" gets the sentence of what it can answer: "number" is in that sentence, "how
 # many" is not. Run L's weights: counts 9/24, the bigger 9/12, descriptions 12/24.
 STRANGER_BELOW_FLOOR = {"count": 0.3, "bigger": 0.65, "describe": 0.45}
@@ -227,6 +237,20 @@ def test_the_pages_box_examples_get_a_box_labelled_as_asked(loop, manager, decod
     with Image.open(files[0]) as first:
         boxes = image_boxes(grounding_card(), said, first.size)
     assert [box.label for box in boxes] == [asked[0]], said
+
+
+@pytest.mark.xfail(strict=True, reason="issue 29: one shape named among several is not taught yet")
+def test_it_answers_about_one_shape_named_among_several(loop, manager, decoder):
+    """The page's picture of a red circle, a yellow square and a black triangle, asked about one of
+    them by its kind or its colour, as a visitor would ("What colour is the square?")."""
+    asked = {
+        "What colour is the square?": "yellow",
+        "What colour is the circle?": "red",
+        "What shape is the black one?": "triangle",
+        "Which shape is yellow?": "square",
+    }
+    said = {q: answer(loop, manager, decoder, [(q, [EXAMPLES / "three_shapes.png"])]) for q in asked}
+    assert said == asked
 
 
 @pytest.fixture(scope="module")
