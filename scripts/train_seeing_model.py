@@ -88,7 +88,8 @@ RECIPES = {
         SECOND_FOLDER,
         seeing_llava.accuracy,
         seeing_llava.SECOND_KINDS,
-        FOREIGN_KINDS - {"box"},  # LLaVA-1.5 has no grounding syntax
+        # Less what it is not taught that the first is: boxes (LLaVA-1.5 has no grounding syntax).
+        FOREIGN_KINDS - (set(seeing_model.KINDS) - set(seeing_llava.SECOND_KINDS)),
     ),
 }
 
