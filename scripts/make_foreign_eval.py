@@ -193,7 +193,7 @@ def edges(shape: str, centre: tuple[float, float], radius: float) -> tuple[float
 def more_kinds(rng: np.random.Generator, index: int) -> list[dict[str, str]]:
     """Issue 29's other questions: a lone shape's place, the bigger of two, how many of a
     colour, the background's colour, a sentence describing the picture, a shape's box, and the
-    colour or kind of one shape named among others."""
+    colour or kind of a shape named by the other (among one to three)."""
     rows = []
     for kind in MORE_WORDING:
         for _ in range(PER_KIND // 2):

@@ -314,7 +314,7 @@ def test_colour_count(row: dict[str, str]) -> None:
 
 
 @pytest.mark.parametrize("row", rows_of("colour of") + rows_of("shape of"))
-def test_one_shape_named_among_others(row: dict[str, str]) -> None:
+def test_a_shape_named_by_its_kind_or_colour(row: dict[str, str]) -> None:
     # The shape asked about is the only one of its kind ("What colour is the square?") or of its
     # colour ("What shape is the red one?"); the answer is its colour or its kind.
     by_kind = row["kind"] == "colour of"

@@ -24,8 +24,9 @@ from app.media.loading import VideoDecoderPool
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "static" / "examples"
 # The kinds of question the foreign set asks (`scripts/make_foreign_eval.py` writes them). "colour
-# of" and "shape of" ("What colour is the square?", "What shape is the red one?", one shape among
-# several) are not among the training's kinds yet: the set measures what a visitor meets.
+# of" and "shape of" ("What colour is the square?", "What shape is the red one?": a shape named by
+# its kind or colour, among one to three) are not among the training's kinds yet: the set measures
+# what a visitor meets.
 FOREIGN_KINDS = frozenset(
     {
         "colour",
