@@ -143,6 +143,21 @@ def test_every_kind_has_an_answer_that_matches_its_picture():
         assert all(abs(n / 1000 - t) < 0.04 for n, t in zip(numbers, truth, strict=True)), (numbers, truth)
 
 
+def test_a_shape_named_by_its_kind_or_colour_is_the_only_one_so_named_and_answered_for():
+    """ "What colour is the square?" has one answer only where one square is drawn; among two or
+    three shapes (most pictures), the answer is that shape's colour, not another's."""
+    rng = random.Random(8)
+    several = 0
+    for kind, named_by, answered in (("colour of", "shape", "colour"), ("shape of", "colour", "shape")):
+        for _ in range(40):
+            item = example(rng, kind)
+            words = set(re.findall(r"[a-z]+", item.question.lower().replace("color", "colour")))
+            (named,) = [d for d in item.scene.shapes if getattr(d, named_by) in words]
+            assert item.answer == getattr(named, answered), item.question
+            several += len(item.scene.shapes) > 1
+    assert several > 40
+
+
 def test_the_background_question_asks_about_grey_pages_as_often_as_white_ones():
     """Grey pages are one in six of all pictures; in the background question they come up as
     often as white ones, so that the answer is read from the page, not from how rare grey is (run J

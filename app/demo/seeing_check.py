@@ -25,8 +25,8 @@ from app.media.loading import VideoDecoderPool
 EXAMPLES = Path(__file__).resolve().parents[2] / "static" / "examples"
 # The kinds of question the foreign set asks (`scripts/make_foreign_eval.py` writes them). "colour
 # of" and "shape of" ("What colour is the square?", "What shape is the red one?": a shape named by
-# its kind or colour, among one to three) are not among the training's kinds yet: the set measures
-# what a visitor meets.
+# its kind or colour, among one to three) were added when no model was taught them: the set
+# measures what a visitor meets, not what a training asks.
 FOREIGN_KINDS = frozenset(
     {
         "colour",

@@ -7,10 +7,11 @@ demos with answers that mean something.
 
 It is the Qwen3-VL twin (`app.demo.twins`: the real architecture, processor and prompt format at
 tiny sizes) with a larger vision tower and small picture sizes, trained with transformers from a
-fixed seed in two lessons (the tower learns to see from a label per token; then the text model
-learns to answer) and saved as safetensors, which vLLM loads like any checkpoint. The committed
-weights (`static/seeing-model`) carry the stamp of the code that made them; a change to it trains
-again on first use. torch and transformers are imported inside functions.
+fixed seed in three lessons (the tower learns to see from a label per token; then the text model
+learns to answer; then to answer about one shape named among several) and saved as safetensors,
+which vLLM loads like any checkpoint. The committed weights (`static/seeing-model`) carry the
+stamp of the code that made them; a change to it trains again on first use. torch and
+transformers are imported inside functions.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import numpy as np
 
 from app.catalog.cards import ModelCard
 from app.demo import shapes
-from app.demo.shapes import CLIP_FRAMES, KINDS, Example, example
+from app.demo.shapes import CLIP_FRAMES, KINDS, NAMED_KINDS, Example, example
 from app.engines.base import SamplingSettings, StreamEnd, TextDelta
 from app.engines.manager import EngineManager
 
@@ -63,18 +64,31 @@ KIND_WEIGHTS = {
     "describe": 3,
     "box": 3,
     "moved": 2,
+    "colour of": 2,
+    "shape of": 2,
 }
+# Lesson three (`teach_named`): one shape named among one to three ("What colour is the
+# square?"). Taught in a part of lesson two of its own (run R), it cost the other kinds more than
+# it gained; after lesson two, from its weights, named questions alone for the first quarter and
+# then every kind by `KIND_WEIGHTS` at half lesson two's rate, it was learned and the rest kept
+# (run S; with a third alone and 1,200 steps, counts fell: docs/BENCHMARKS.md).
+NAMED_SEED, NAMED_ALONE, NAMED_LEARNING_RATE = SEED + 3, 1 / 4, 5e-4
+# Lesson two's kinds: lesson three's named kinds came later, and lesson two draws as it did
+# before them (the same questions, the same vocabulary, the same weights from the seed).
+ANSWER_KINDS = tuple(kind for kind in KINDS if kind not in NAMED_KINDS)
 
 
 @dataclass(frozen=True)
 class Steps:
-    """Training steps of each lesson (about 0.26 s and 0.29 s a step on two cores)."""
+    """Training steps of each lesson (about 0.27 s, 0.30 s and 0.46 s a step on two cores); the
+    second model has no third lesson."""
 
     vision: int = 6000
     answers: int = 3000
+    named: int = 0
 
 
-STEPS = Steps()
+STEPS = Steps(named=1800)
 # The vision tower: four layers of width 128 over 16-pixel patches, a learned position per place
 # on a 16x16 grid (interpolated to each picture's), one DeepStack layer as the base card's.
 VISION = {
@@ -214,6 +228,13 @@ def train(folder: Path, base: ModelCard, steps: Steps, report: Callable[[str], N
     rng = random.Random(SEED)  # noqa: S311 (training data, seeded to be reproducible)
     teach_vision(model, processor, rng, steps.vision, report)
     teach_answers(model, processor, card, rng, steps.answers, report)
+    if steps.named:
+        # From the weights as they are served (bfloat16), with a seed of its own: lesson three
+        # can be run again from a model saved after lesson two.
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.copy_(parameter.to(torch.bfloat16).float())
+        teach_named(model, processor, card, random.Random(NAMED_SEED), steps.named, report)  # noqa: S311
     # Saved in bfloat16, the type vLLM serves it in on the CPU: half the size on disk.
     model.to(torch.bfloat16).save_pretrained(folder)
 
@@ -341,7 +362,43 @@ def teach_answers(
 ) -> None:
     """Lesson two: the text model (and the DeepStack merger, which the first lesson left alone)
     learns to answer from what the tower sees (frozen, or learning at `TOWER_SHARE` of the
-    rate), on conversations rendered by the card's prompt format."""
+    rate), on conversations rendered by the card's prompt format. Places first: taught every
+    kind at once, the text model learned the easy ones and answered "left" to every side
+    question in one training of two; alone, it read places from the tower within 300 steps."""
+    kinds, weights = list(ANSWER_KINDS), [KIND_WEIGHTS.get(kind, 1) for kind in ANSWER_KINDS]
+
+    def kind_of(progress: float) -> str:
+        return rng.choice(PLACE_KINDS) if progress < PLACES_FIRST else rng.choices(kinds, weights)[0]
+
+    teach_text("answers", model, processor, card, rng, kind_of, steps, ANSWER_LEARNING_RATE, report)
+
+
+def teach_named(
+    model: Any, processor: Any, card: ModelCard, rng: random.Random, steps: int, report: Callable[[str], None]
+) -> None:
+    """Lesson three: one shape named among one to three, alone for its first `NAMED_ALONE`, then
+    among every kind, so that the others are not forgotten."""
+    kinds, weights = list(KINDS), [KIND_WEIGHTS.get(kind, 1) for kind in KINDS]
+
+    def kind_of(progress: float) -> str:
+        return rng.choice(NAMED_KINDS) if progress < NAMED_ALONE else rng.choices(kinds, weights)[0]
+
+    teach_text("named", model, processor, card, rng, kind_of, steps, NAMED_LEARNING_RATE, report)
+
+
+def teach_text(
+    lesson: str,
+    model: Any,
+    processor: Any,
+    card: ModelCard,
+    rng: random.Random,
+    kind_of: Callable[[float], str],
+    steps: int,
+    learning_rate: float,
+    report: Callable[[str], None],
+) -> None:
+    """The text model's lessons: batches of questions of `kind_of(progress)` (0 to 1 of the way
+    through), the tower frozen or learning at `TOWER_SHARE` of `learning_rate`."""
     visual = model.model.visual
     visual.requires_grad_(TOWER_SHARE > 0)
     visual.deepstack_merger_list.requires_grad_(True)
@@ -353,24 +410,17 @@ def teach_answers(
         if (p.requires_grad and not name.startswith("model.visual.")) or "deepstack" in name
     ]
     groups = [{"params": rest}] + (
-        [{"params": tower, "lr": ANSWER_LEARNING_RATE * TOWER_SHARE}] if TOWER_SHARE > 0 else []
+        [{"params": tower, "lr": learning_rate * TOWER_SHARE}] if TOWER_SHARE > 0 else []
     )
-    kinds, weights = list(KINDS), [KIND_WEIGHTS.get(kind, 1) for kind in KINDS]
     done = [0]
 
     def loss_of_batch() -> Any:
-        # Places first: taught every kind at once, the text model learned the easy ones and
-        # answered "left" to every side question in one training of two; alone, it read places
-        # from the tower within 300 steps.
-        first = done[0] < steps * PLACES_FIRST
+        progress = done[0] / steps
         done[0] += 1
-        items = [
-            example(rng, rng.choice(PLACE_KINDS) if first else rng.choices(kinds, weights)[0])
-            for _ in range(BATCH)
-        ]
+        items = [example(rng, kind_of(progress)) for _ in range(BATCH)]
         return model(**model_inputs(processor, card, items, rng)).loss
 
-    train_loop("answers", groups, loss_of_batch, steps, ANSWER_LEARNING_RATE, report)
+    train_loop(lesson, groups, loss_of_batch, steps, learning_rate, report)
     visual.requires_grad_(True)
 
 
@@ -416,8 +466,8 @@ def vocabulary_text() -> list[str]:
     ]
     questions = [
         q.replace("{colour}", c).replace("{shape}", k)
-        for kind in shapes.QUESTIONS.values()
-        for q in kind
+        for kind in ANSWER_KINDS  # lesson three's questions are in these words
+        for q in shapes.QUESTIONS[kind]
         for c in shapes.COLOURS
         for k in shapes.SHAPES
     ]

@@ -535,8 +535,29 @@ QUESTIONS: dict[str, list[str]] = {
         "How old is this picture?",
         "Summarise this document.",
     ],
+    # One shape named among one to three: by its kind, for its colour; by its colour, for its
+    # kind. The named shape shares its kind or colour with no other, and among two or three the
+    # model must read its tokens, not all. Last, so that the kinds before them keep their order
+    # (the first model's answers lesson and held-out questions draw by that order).
+    "colour of": [
+        "What colour is the {shape}?",
+        "Which colour is the {shape}?",
+        "What is the colour of the {shape}?",
+        "What colour is the {shape} in the picture?",
+        "Tell me the colour of the {shape}.",
+        "The {shape} is what colour?",
+    ],
+    "shape of": [
+        "What shape is the {colour} one?",
+        "Which shape is {colour}?",
+        "What is the {colour} shape?",
+        "What shape is the {colour} thing?",
+        "What kind of shape is the {colour} one?",
+        "Name the {colour} shape.",
+    ],
 }
 KINDS = tuple(QUESTIONS)
+NAMED_KINDS = ("colour of", "shape of")
 CLIP_FRAMES = 8
 BOX_STEP = 20  # box coordinates in thousandths of the picture, rounded to this
 PLACE_PHRASES = {
@@ -782,6 +803,19 @@ def example(rng: random.Random, kind: str | None = None) -> Example:
         named = found.shapes[index]
         question = ask(rng, kind, colour=named.colour, shape=named.shape)
         return Example(kind, question, box_answer(found, index), [found.image], scene=found)
+    if kind in NAMED_KINDS:
+        # Named by what no other shape in the picture shares: its kind for its colour, its colour
+        # for its kind.
+        count = rng.choice([1, 2, 2, 3, 3])
+        if kind == "colour of":
+            drawn = [Drawn(rng.choice(colours), k) for k in rng.sample(SHAPES, count)]
+        else:
+            drawn = [Drawn(c, rng.choice(SHAPES)) for c in rng.sample(colours, count)]
+        found = scene(rng, drawn)
+        named = drawn[rng.randrange(count)]
+        if kind == "colour of":
+            return Example(kind, ask(rng, kind, shape=named.shape), named.colour, [found.image], scene=found)
+        return Example(kind, ask(rng, kind, colour=named.colour), named.shape, [found.image], scene=found)
     if kind in ("first", "second"):
         first, second = rng.sample(colours, 2)
         images = [scene(rng, [Drawn(c, rng.choice(SHAPES))]).image for c in (first, second)]
