@@ -53,27 +53,29 @@ from app.views.widgets import EXAMPLES, SEEING_EXAMPLES, Example
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
-# Held-out questions per kind (another seed than training's), and the floor each kind must reach.
+# Held-out questions per kind (other seeds than training's: 24 of seed 7 and 12 of seed 11), and
+# the floor each kind must reach.
 PER_KIND, FLOOR = 24, 0.9
 # Pictures drawn by other code (OpenCV, `scripts/make_foreign_eval.py`); every other one is asked.
 FOREIGN = Path(__file__).resolve().parent / "data" / "foreign-shapes"
-# Issue 29 is not done: these kinds are below the floor on the held-out questions (seeds 7 and
-# 11), on the foreign pictures and in wordings training never uses (docs/BENCHMARKS.md has the
-# figures). Each is held to it in a strict xfail test of its own, which fails as soon as that kind
-# reaches it, so that these sets shrink to nothing. Run S's weights (2026-11-28, run L's with a
-# third lesson on one shape named among several) reached it on the kind of shape (22/24 and
-# 11/12) and on the named shapes on the foreign pictures (13/13, 12/12). Meanwhile each may not
-# fall below the share given here, which lets run S's weights (the answers do not change from run
-# to run) miss one question more than they do, so that a training that trades one kind for
-# another says so. Counts: 22/24 here but 8/12 on seed 11 (L: 21/24, 10/12). Boxes on the foreign
-# pictures have nothing to keep: one of 12 is right.
+# Issue 29 is not done: these kinds are below the floor on the held-out questions, on the foreign
+# pictures and in wordings training never uses (docs/BENCHMARKS.md has the figures). Each is held
+# to it in a strict xfail test of its own, which fails as soon as that kind reaches it, so that
+# these sets shrink to nothing. Run S's weights (2026-11-28, run L's with a third lesson on one
+# shape named among several) reached it on the kind of shape (33/36) and on the named shapes on
+# the foreign pictures (13/13, 12/12). Meanwhile each may not fall below the share given here,
+# which lets run S's weights (the answers do not change from run to run) miss one question more
+# than they do, so that a training that trades one kind for another says so. Held out (36 each):
+# counts 30 (22/24 and 8/12), counts of a colour 19, descriptions 20, boxes 4, the colour of a
+# named shape 32 and the kind of one 32. Boxes on the foreign pictures: one of 12 is right, and
+# the floor (0) lets that one go.
 BELOW_FLOOR = {
-    "count": 0.85,
+    "count": 0.8,
     "colour count": 0.5,
-    "describe": 0.5,
-    "box": 0.12,
-    "colour of": 0.8,
-    "shape of": 0.75,
+    "describe": 0.52,
+    "box": 0.08,
+    "colour of": 0.86,
+    "shape of": 0.86,
 }
 BELOW_FLOOR_FOREIGN = {"count": 0.75, "bigger": 0.7, "colour count": 0.5, "describe": 0.35, "box": 0.0}
 # "Number of shapes?" gets the sentence of what it can answer: "number" is in that sentence, "how
@@ -153,16 +155,19 @@ def one_shape(colour: str, shape: str, side: str, size: tuple[int, int] = (200, 
 
 @pytest.fixture(scope="module")
 def held_out(loop, manager: EngineManager) -> dict[str, float]:
-    scores = loop.run(accuracy(manager, SEEING_KEY, PER_KIND, seed=7))
-    print("held-out accuracy:", {kind: f"{score:.0%}" for kind, score in scores.items()})
-    return scores
-
-
-@pytest.fixture(scope="module")
-def committed_held_out(loop, manager: EngineManager) -> dict[str, float]:
-    scores = loop.run(accuracy(manager, COMMITTED, PER_KIND // 2, seed=11))
-    print("committed weights:", {kind: f"{score:.0%}" for kind, score in scores.items()})
-    return scores
+    """The share right per kind of the model this code trains, on 24 questions of seed 7 and 12 of
+    seed 11: one seed's 24 can put a kind over the floor that another's 12 leave under it (run S's
+    counts: 22/24 and 8/12)."""
+    samples = [(PER_KIND, 7), (PER_KIND // 2, 11)]
+    scores = [loop.run(accuracy(manager, SEEING_KEY, count, seed=seed)) for count, seed in samples]
+    total = sum(count for count, _ in samples)
+    pooled = {
+        kind: sum(score[kind] * count for score, (count, _) in zip(scores, samples, strict=True)) / total
+        for kind in scores[0]
+    }
+    for (count, seed), score in zip(samples, scores, strict=True):
+        print(f"held-out accuracy ({count}, seed {seed}):", {k: f"{v:.0%}" for k, v in score.items()})
+    return pooled
 
 
 def test_held_out_accuracy_is_above_the_floor_for_every_question_kind(held_out: dict[str, float]):
@@ -171,20 +176,17 @@ def test_held_out_accuracy_is_above_the_floor_for_every_question_kind(held_out: 
 
 @pytest.mark.xfail(strict=True, reason="issue 29: not yet at the floor (docs/BENCHMARKS.md)")
 @pytest.mark.parametrize("kind", sorted(BELOW_FLOOR))
-def test_held_out_accuracy_of_a_kind_below_the_floor_reaches_it(
-    held_out: dict[str, float], committed_held_out: dict[str, float], kind: str
-):
-    """On both samples: a kind at the floor on one seed's 24 questions and not on another's 12
-    (counts, run S) is not there yet."""
-    assert held_out[kind] >= FLOOR and committed_held_out[kind] >= FLOOR, (held_out, committed_held_out)
+def test_held_out_accuracy_of_a_kind_below_the_floor_reaches_it(held_out: dict[str, float], kind: str):
+    assert held_out[kind] >= FLOOR, held_out
 
 
 def test_held_out_accuracy_of_the_kinds_below_the_floor_keeps_what_they_reached(held_out: dict[str, float]):
     assert all(held_out[kind] >= lowest for kind, lowest in BELOW_FLOOR.items()), held_out
 
 
-def test_the_committed_weights_the_app_serves_see_too(committed_held_out: dict[str, float]):
-    scores = committed_held_out
+def test_the_committed_weights_the_app_serves_see_too(loop, manager: EngineManager):
+    scores = loop.run(accuracy(manager, COMMITTED, PER_KIND // 2, seed=11))
+    print("committed weights:", {kind: f"{score:.0%}" for kind, score in scores.items()})
     assert all(score >= FLOOR for kind, score in scores.items() if kind not in BELOW_FLOOR), scores
 
 
@@ -365,9 +367,9 @@ def test_it_points_with_a_box_the_chat_can_draw(loop, manager, decoder, tmp_path
 @pytest.mark.xfail(strict=True, reason="issue 29: a box among two shapes is a blend of both")
 def test_its_box_is_over_the_shape(loop, manager, decoder, tmp_path: Path):
     """Within a tenth of the picture's side of the shape's pixels. Run L's box for the blue square
-    was (its box for the red circle beside it was not: [160, 100, 800, 800]); run S's spans both
-    shapes ([120, 100, 880, 880]). Among several shapes the box is a blend of every shape's
-    (docs/BENCHMARKS.md); held out, boxes within a tenth are 17% (L 8%)."""
+    was within a tenth (its box for the red circle beside it was not: [160, 100, 800, 800]); run S's
+    spans both shapes ([120, 100, 880, 880]). Among several shapes the box is a blend of every
+    shape's (docs/BENCHMARKS.md); held out (seed 7), boxes within a tenth are 17% (L 8%)."""
     said, boxes, truth = pointed(loop, manager, decoder, tmp_path)
     box = boxes[0].ordered()
     found = (box.x1, box.y1, box.x2, box.y2)

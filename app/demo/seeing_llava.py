@@ -10,7 +10,7 @@ pixels, each with a learned position) and a Llama, prompted "USER: <image>\\n...
 It takes pictures only (LLaVA-1.5 takes no video) and has no grounding syntax, so it answers
 every kind of question the first does but clips and boxes.
 
-It is trained in the first model's two lessons (its labels per token, its questions, its
+It is trained in the first model's first two lessons (its labels per token, its questions, its
 vocabulary, its loop), with its own code where the architectures differ. The first model's module
 is reused, not changed: its source is part of the stamp of its committed weights.
 """

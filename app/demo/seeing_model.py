@@ -134,10 +134,12 @@ def seeing_card(base: ModelCard, folder: Path) -> ModelCard:
             "A tiny Qwen3-VL trained on this machine on drawings of shapes (circles, squares, "
             "triangles in red, green, blue, yellow and black). It answers the colour, kind and "
             "place of a shape (left, right, top, bottom, middle), how many shapes there are (of a "
-            "colour, too), which is bigger, the background's colour, describes the picture in a "
-            'sentence, points at a shape with a box ("Where is the red circle?"), tells the '
-            "colour in the first or second of two pictures, and a clip's first and last colour "
-            "and which way its shape moves. Anything else gets a sentence saying what it can answer."
+            "colour, too), which is bigger, the colour of a shape named by its kind and the kind "
+            'of one named by its colour ("What colour is the square?"), the background\'s colour, '
+            'describes the picture in a sentence, points at a shape with a box ("Where is the red '
+            "circle?\"), tells the colour in the first or second of two pictures, and a clip's "
+            "first and last colour and which way its shape moves. Anything else gets a sentence "
+            "saying what it can answer."
         ),
     )
     return ModelCard.model_validate(fields)
