@@ -8,7 +8,8 @@ Another architecture and prompt format than the first: a CLIP tower of fixed siz
 is resized to 128x128 pixels, no crop, so nothing at a side is cut off; 64 tokens of 16x16
 pixels, each with a learned position) and a Llama, prompted "USER: <image>\\n... ASSISTANT:".
 It takes pictures only (LLaVA-1.5 takes no video) and has no grounding syntax, so it answers
-every kind of question the first does but clips and boxes.
+every kind of question the first does but clips, boxes and one shape named among several (which
+the first learns in a third lesson this one does not have).
 
 It is trained in the first model's first two lessons (its labels per token, its questions, its
 vocabulary, its loop), with its own code where the architectures differ. The first model's module

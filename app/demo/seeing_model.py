@@ -69,9 +69,9 @@ KIND_WEIGHTS = {
 }
 # Lesson three (`teach_named`): one shape named among one to three ("What colour is the
 # square?"). Taught in a part of lesson two of its own (run R), it cost the other kinds more than
-# it gained; after lesson two, from its weights, named questions alone for the first quarter and
-# then every kind by `KIND_WEIGHTS` at half lesson two's rate, it was learned and the rest kept
-# (run S; with a third alone and 1,200 steps, counts fell: docs/BENCHMARKS.md).
+# it gained; after lesson two, from its weights, at half lesson two's rate throughout, named
+# questions alone for the first quarter and then every kind by `KIND_WEIGHTS`, it was learned and
+# the rest kept (run S; with a third alone and 1,200 steps, counts fell: docs/BENCHMARKS.md).
 NAMED_SEED, NAMED_ALONE, NAMED_LEARNING_RATE = SEED + 3, 1 / 4, 5e-4
 # Lesson two's kinds: lesson three's named kinds came later, and lesson two draws as it did
 # before them (the same questions, the same vocabulary, the same weights from the seed).
