@@ -291,6 +291,13 @@ def test_the_seeing_demo_model_answers_about_the_picture_sent_in_the_page_and_th
     poll(lambda: page.get_by_text("The 1 box this answer names", exact=False).count() > 0, 60)
     # The picture sent and the one with the box drawn on it.
     poll(lambda: page.locator("#chat img").count() >= 2 and page.locator("#chat img").last.is_visible(), 30)
+    # One shape named among the three (lesson three): offered to this model, and answered.
+    page.click("#clear")
+    poll(lambda: user_messages(page) == 0)
+    page.get_by_text("What colour is the square?", exact=True).first.click()
+    poll(lambda: page.locator("#chat-input textarea").input_value() == "What colour is the square?")
+    page.press("#chat-input textarea", "Enter")
+    assert wait_for_answer(page, timeout_s=60).strip() == "yellow"
     page.click("#clear")
     poll(lambda: user_messages(page) == 0)
     send(page, "What colour is the shape?", [pictures["red"]])
@@ -300,6 +307,15 @@ def test_the_seeing_demo_model_answers_about_the_picture_sent_in_the_page_and_th
     client = Client(served[1], verbose=False)
     message = {"text": "What colour is the shape?", "files": [handle_file(str(pictures["blue"]))]}
     assert client.predict(message, SEEING_KEY, "", 0.0, 1.0, 16, None, api_name="/chat").strip() == "blue"
+    # The second seeing model: only the kinds it answers (it described the three shapes as two,
+    # and was not taught a shape named among several).
+    pick(page, "model", "Shapes too, smaller")
+    poll(
+        lambda: (
+            any_visible(page, "How many shapes are there?") and not any_visible(page, "Describe the picture.")
+        )
+    )
+    assert not any_visible(page, "What colour is the square?") and not any_visible(page, "What shape is it?")
     # Another model: the general examples, not the seeing model's.
     pick(page, "model", LABEL_B)
     poll(

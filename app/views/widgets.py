@@ -10,7 +10,7 @@ from typing import Any
 import gradio as gr
 
 from app.catalog.cards import ModelCard
-from app.demo.models import SEEING_MODELS
+from app.demo.models import EXAMPLE_KINDS, SEEING_MODELS
 from app.engines.base import SamplingSettings, card_sampling
 from app.views.services import page_max_tokens
 
@@ -96,6 +96,9 @@ class Example:
     files: tuple[str, ...]
     # Asks for a box: offered only to models that write boxes the chat draws (a card's grounding).
     boxes: bool = False
+    # The seeing models' kind of question (`app.demo.shapes.KINDS`): offered to a seeing model only
+    # where it answers that kind (`EXAMPLE_KINDS`).
+    kind: str | None = None
 
     def message(self) -> dict[str, Any]:
         return {"text": self.text, "files": [str(EXAMPLES / name) for name in self.files]}
@@ -107,15 +110,22 @@ class Example:
 
 # Questions the seeing demo models (`app.demo.seeing_model`, `app.demo.seeing_llava`) answer, on
 # files they never saw: all they are offered, since they answer nothing else ("Which bar is the
-# tallest?" got "three").
+# tallest?" got "three"), and to each only the kinds it answers (the second model described the
+# three shapes as two).
 SEEING_EXAMPLES = (
-    Example("What shape is it?", ("one_shape.png",)),
-    Example("Which side of the picture is the shape on?", ("one_shape.png",)),
-    Example("Describe the picture.", ("three_shapes.png",)),
-    Example("Where is the red circle?", ("three_shapes.png",), boxes=True),
-    Example("How many shapes are there?", ("three_shapes.png",)),
-    Example("What colour is the shape in the second picture?", ("one_shape.png", "green_square.png")),
-    Example("What colour does the clip end with?", ("colour_change.mp4",)),
+    Example("What shape is it?", ("one_shape.png",), kind="shape"),
+    Example("What colour is the shape?", ("one_shape.png",), kind="colour"),
+    Example("Which side of the picture is the shape on?", ("one_shape.png",), kind="side"),
+    Example("Describe the picture.", ("three_shapes.png",), kind="describe"),
+    Example("Where is the red circle?", ("three_shapes.png",), boxes=True, kind="box"),
+    Example("What colour is the square?", ("three_shapes.png",), kind="colour of"),
+    Example("How many shapes are there?", ("three_shapes.png",), kind="count"),
+    Example(
+        "What colour is the shape in the second picture?",
+        ("one_shape.png", "green_square.png"),
+        kind="second",
+    ),
+    Example("What colour does the clip end with?", ("colour_change.mp4",), kind="end"),
 )
 # For every other model.
 GENERAL_EXAMPLES = (
@@ -139,9 +149,11 @@ def fitting_examples(cards: Sequence[ModelCard], enough: int | None = None) -> t
 
 
 def answers(card: ModelCard, example: Example) -> bool:
-    """Whether `card`'s model takes the example's files and, for a box, writes boxes."""
+    """Whether `card`'s model takes the example's files, for a box writes boxes, and for a seeing
+    model's question answers its kind."""
     fits = all(example.count(kind) <= card.media_limits.get(kind, 0) for kind in ("image", "video"))
-    return fits and (card.grounding is not None or not example.boxes)
+    answered = example.kind is None or example.kind in EXAMPLE_KINDS.get(card.key, (example.kind,))
+    return fits and answered and (card.grounding is not None or not example.boxes)
 
 
 class ExampleShelves:
