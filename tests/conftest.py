@@ -147,14 +147,13 @@ LONGEST_FIRST = (
     "tests/test_shutdown.py",
     "tests/test_sign_in.py",
     "tests/test_seeing.py",
-    "tests/test_twins.py[deepseek_ocr]",
     "tests/test_twins.py[deepseek_vl_v2]",
     "tests/test_scheduler_sim.py",
     "tests/test_main.py",
-    "tests/test_twins.py[gemma3n]",
     "tests/test_twins.py[ovis2_5]",
     "tests/test_twins.py[command_a_vision]",
     "tests/test_twins.py[ovis]",
+    "tests/test_twins.py[deepseek_ocr]",
 )
 # Its engine is built per twin (a module fixture per param): each twin is a group of its own.
 TWINS_MODULE = "tests/test_twins.py"
