@@ -5,7 +5,7 @@ example, through the real vLLM engine:
     .venv/bin/python scripts/train_seeing_model.py [--model first|second] [--out DIR] [--per-kind N]
 
 `first` (the default): the tiny Qwen3-VL of `app.demo.seeing_model`, into `static/seeing-model`
-(about 56 minutes on two CPU cores: run L's two lessons took 42, run S's third 14). `second`: the
+(about 55 minutes on two CPU cores: run L's two lessons took 42, run T's third 13). `second`: the
 tiny LLaVA-1.5 of `app.demo.seeing_llava`, into `static/seeing-model-llava` (about 17 minutes).
 Evaluating takes a minute or two. The tests train again from the same code where the committed
 weights' stamp no longer matches it (`tests/test_seeing.py`, `tests/test_seeing_second.py`).

@@ -112,7 +112,7 @@ def test_the_stranger_wordings_are_not_training_wordings():
     colour and shape filled in."""
     trained = {
         plain(q.format(colour=colour, shape=kind))
-        for questions in shapes.QUESTIONS.values()
+        for questions in (*shapes.QUESTIONS.values(), *shapes.LATER_QUESTIONS.values())
         for q in questions
         for colour in shapes.COLOURS
         for kind in shapes.SHAPES

@@ -34,7 +34,7 @@ import numpy as np
 
 from app.catalog.cards import ModelCard
 from app.demo import shapes
-from app.demo.shapes import CLIP_FRAMES, KINDS, NAMED_KINDS, Example, example
+from app.demo.shapes import CLIP_FRAMES, KINDS, LATER_QUESTIONS, NAMED_KINDS, Example, example
 from app.engines.base import SamplingSettings, StreamEnd, TextDelta
 from app.engines.manager import EngineManager
 
@@ -73,6 +73,8 @@ KIND_WEIGHTS = {
 # questions alone for the first quarter and then every kind by `KIND_WEIGHTS`, it was learned and
 # the rest kept (run S; with a third alone and 1,200 steps, counts fell: docs/BENCHMARKS.md).
 NAMED_SEED, NAMED_ALONE, NAMED_LEARNING_RATE = SEED + 3, 1 / 4, 5e-4
+# The share of lesson three's questions of a kind with later wordings asked in one of them.
+REWORDED = 0.5
 # Lesson two's kinds: lesson three's named kinds came later, and lesson two draws as it did
 # before them (the same questions, the same vocabulary, the same weights from the seed).
 ANSWER_KINDS = tuple(kind for kind in KINDS if kind not in NAMED_KINDS)
@@ -372,20 +374,28 @@ def teach_answers(
     def kind_of(progress: float) -> str:
         return rng.choice(PLACE_KINDS) if progress < PLACES_FIRST else rng.choices(kinds, weights)[0]
 
-    teach_text("answers", model, processor, card, rng, kind_of, steps, ANSWER_LEARNING_RATE, report)
+    def draw(progress: float) -> Example:
+        return example(rng, kind_of(progress))
+
+    teach_text("answers", model, processor, card, rng, draw, steps, ANSWER_LEARNING_RATE, report)
 
 
 def teach_named(
     model: Any, processor: Any, card: ModelCard, rng: random.Random, steps: int, report: Callable[[str], None]
 ) -> None:
     """Lesson three: one shape named among one to three, alone for its first `NAMED_ALONE`, then
-    among every kind, so that the others are not forgotten."""
+    among every kind, so that the others are not forgotten; a share (`REWORDED`) of the questions
+    of a kind with later wordings (`shapes.LATER_QUESTIONS`) asked in one of those."""
     kinds, weights = list(KINDS), [KIND_WEIGHTS.get(kind, 1) for kind in KINDS]
 
-    def kind_of(progress: float) -> str:
-        return rng.choice(NAMED_KINDS) if progress < NAMED_ALONE else rng.choices(kinds, weights)[0]
+    def draw(progress: float) -> Example:
+        kind = rng.choice(NAMED_KINDS) if progress < NAMED_ALONE else rng.choices(kinds, weights)[0]
+        item = example(rng, kind)
+        if kind in LATER_QUESTIONS and rng.random() < REWORDED:
+            item.question = shapes.wording(rng, rng.choice(LATER_QUESTIONS[kind]))
+        return item
 
-    teach_text("named", model, processor, card, rng, kind_of, steps, NAMED_LEARNING_RATE, report)
+    teach_text("named", model, processor, card, rng, draw, steps, NAMED_LEARNING_RATE, report)
 
 
 def teach_text(
@@ -394,12 +404,12 @@ def teach_text(
     processor: Any,
     card: ModelCard,
     rng: random.Random,
-    kind_of: Callable[[float], str],
+    draw: Callable[[float], Example],
     steps: int,
     learning_rate: float,
     report: Callable[[str], None],
 ) -> None:
-    """The text model's lessons: batches of questions of `kind_of(progress)` (0 to 1 of the way
+    """The text model's lessons: batches of questions `draw(progress)` gives (0 to 1 of the way
     through), the tower frozen or learning at `TOWER_SHARE` of `learning_rate`."""
     visual = model.model.visual
     visual.requires_grad_(TOWER_SHARE > 0)
@@ -419,7 +429,7 @@ def teach_text(
     def loss_of_batch() -> Any:
         progress = done[0] / steps
         done[0] += 1
-        items = [example(rng, kind_of(progress)) for _ in range(BATCH)]
+        items = [draw(progress) for _ in range(BATCH)]
         return model(**model_inputs(processor, card, items, rng)).loss
 
     train_loop(lesson, groups, loss_of_batch, steps, learning_rate, report)

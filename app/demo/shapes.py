@@ -558,6 +558,26 @@ QUESTIONS: dict[str, list[str]] = {
 }
 KINDS = tuple(QUESTIONS)
 NAMED_KINDS = ("colour of", "shape of")
+# More ways people ask, taught in the first model's third lesson only (`seeing_model.teach_named`),
+# so that lessons one and two draw as before: asked "Number of shapes?", run S answered with its
+# sentence of what it can answer; its count questions all began "How many" or "Count".
+LATER_QUESTIONS: dict[str, list[str]] = {
+    "count": [
+        "What is the number of shapes in the picture?",
+        "Give me the number of shapes.",
+        "How many shapes can you see?",
+        "Tell me how many shapes there are.",
+        "What's the shape count?",
+        "How many figures are there?",
+        "Shape count?",
+    ],
+    "bigger": [
+        "Which of the two is bigger?",
+        "Which shape is larger?",
+        "What is the biggest shape?",
+        "Which shape takes up more space?",
+    ],
+}
 CLIP_FRAMES = 8
 BOX_STEP = 20  # box coordinates in thousandths of the picture, rounded to this
 PLACE_PHRASES = {
