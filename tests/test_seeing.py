@@ -66,8 +66,8 @@ FOREIGN = Path(__file__).resolve().parent / "data" / "foreign-shapes"
 # several and on more ways of asking for counts and the bigger shape; the answers do not change
 # from run to run) miss one question more than they do, so that a training that trades one kind
 # for another says so. Run T traded: held out, counts of a colour 15 of 36 (run S 19) and boxes 2
-# (S 4), descriptions 23 (S 20); in wordings training never uses, counts 17 of 24 (S 10: "Number
-# of shapes?" got its sentence of what it can answer). Held out (36 each: 24 of seed 7 and 12 of
+# (S 4), descriptions 23 (S 20); "Number of shapes?" got run S's sentence of what it can answer,
+# and run T was taught "Give me the number of shapes.". Held out (36 each: 24 of seed 7 and 12 of
 # seed 11): counts 29 (20 and 9), counts of a colour 15, descriptions 23, boxes 2, the colour of a
 # named shape 31 and the kind of one 32. On the foreign pictures asked (every other one): counts
 # 21/25, the bigger 10/12, counts of a colour 9/13, descriptions 6/13, boxes 2/12.
@@ -80,7 +80,7 @@ BELOW_FLOOR = {
     "shape of": 0.86,
 }
 BELOW_FLOOR_FOREIGN = {"count": 0.8, "bigger": 0.75, "colour count": 0.61, "describe": 0.38, "box": 0.08}
-# Run T's weights: counts 17/24 ("How many shapes are shown?" 8/12, "Number of shapes?" 9/12), the
+# Run T's weights: counts 17/24 ("How many shapes are shown?" 8/12, "Count of shapes?" 9/12), the
 # bigger 8/12, descriptions 12/24.
 STRANGER_BELOW_FLOOR = {"count": 0.66, "bigger": 0.58, "describe": 0.45}
 

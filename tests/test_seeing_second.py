@@ -141,12 +141,15 @@ EXAMPLE_ANSWERS = {
 
 
 def test_each_seeing_model_is_offered_only_kinds_it_gets_right_at_least_half_the_time(side_by_side):
-    """The first's held-out floors (`test_seeing.BELOW_FLOOR`) keep its kinds at half or more, boxes
-    aside; the second's are measured here."""
-    scores = side_by_side[SECOND_KEY]
-    assert set(EXAMPLE_KINDS[SECOND_KEY]) <= set(scores)
-    assert all(scores[kind] >= 0.5 for kind in EXAMPLE_KINDS[SECOND_KEY]), scores
-    assert all(lowest >= 0.5 for kind, lowest in BELOW_FLOOR.items() if kind != "box")
+    """Measured here on the kinds the second answers (24 each), for both; the first's other kinds
+    below the floor are held by `test_seeing.BELOW_FLOOR`, which must keep each it is offered at
+    half or more, boxes aside."""
+    for key in (SECOND_KEY, SEEING_KEY):
+        offered = [kind for kind in EXAMPLE_KINDS[key] if kind in side_by_side[key] and kind != "box"]
+        assert all(side_by_side[key][kind] >= 0.5 for kind in offered), (key, side_by_side[key])
+    assert set(EXAMPLE_KINDS[SECOND_KEY]) <= set(side_by_side[SECOND_KEY])
+    offered_below = [kind for kind in EXAMPLE_KINDS[SEEING_KEY] if kind in BELOW_FLOOR and kind != "box"]
+    assert all(BELOW_FLOOR[kind] >= 0.5 for kind in offered_below), BELOW_FLOOR
 
 
 @pytest.mark.parametrize("key", [SEEING_KEY, SECOND_KEY])

@@ -119,7 +119,8 @@ def test_the_stranger_wordings_are_not_training_wordings():
     }
     asked = [q for questions in STRANGER_WORDINGS.values() for q in questions]
     assert set(STRANGER_WORDINGS) <= set(shapes.QUESTIONS)
-    assert not [q for q in asked if plain(q) in trained]
+    # Nor inside one: "Number of shapes?" is all but the end of "Give me the number of shapes."
+    assert not [q for q in asked if any(plain(q) in question for question in trained)]
 
 
 def test_every_kind_has_an_answer_that_matches_its_picture():

@@ -23,8 +23,7 @@ from ports import free_port
 
 from app.catalog.cards import ModelCard, load_cards
 from app.config import Settings
-from app.demo.models import SECOND_FOLDER, SEEING_FOLDER
-from app.demo.seeing_llava import SECOND_BASE_CARD, SECOND_KEY, second_card
+from app.demo.models import SEEING_FOLDER
 from app.demo.seeing_model import BASE_CARD, SEEING_KEY, seeing_card
 from app.engines.base import SamplingSettings
 from app.engines.manager import EngineManager
@@ -103,7 +102,6 @@ def serve(
             update={"key": GREEDY, "display_name": "Greedy twin", "sampling_defaults": greedy}
         ),
         SEEING_KEY: seeing_card(load_cards()[BASE_CARD], SEEING_FOLDER),
-        SECOND_KEY: second_card(load_cards()[SECOND_BASE_CARD], SECOND_FOLDER),
         **load_cards(),
     }
     factory = RecordingFactory(settings)

@@ -53,10 +53,10 @@ FOREIGN_KINDS = frozenset(
 # colour to most pictures (run K): no training wording was that short. That one and others like
 # it are training wordings now; these stay out of it.
 STRANGER_WORDINGS = {
-    "colour": ("What's the colour?", "Which color is this shape?", "colour of the shape?"),
+    "colour": ("What's the colour?", "Which color is this shape?", "The shape's colour?"),
     "shape": ("Which shape is it?", "What shape is shown?"),
     "side": ("Is the shape left or right?", "Left side or right side?"),
-    "count": ("How many shapes are shown?", "Number of shapes?"),
+    "count": ("How many shapes are shown?", "Count of shapes?"),
     "where": ("Where's the shape?", "Where is the shape placed?"),
     "bigger": ("Which shape is the bigger one?",),
     "background": ("What's the background colour?", "What colour is the background of the picture?"),

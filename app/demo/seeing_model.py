@@ -478,7 +478,8 @@ def vocabulary_text() -> list[str]:
     ]
     questions = [
         q.replace("{colour}", c).replace("{shape}", k)
-        for kind in ANSWER_KINDS  # lesson three's questions are in these words
+        for kind in ANSWER_KINDS  # lesson three's named questions are in these words; its later
+        # wordings' other words ("figures", "space") are spelled in byte-level pieces
         for q in shapes.QUESTIONS[kind]
         for c in shapes.COLOURS
         for k in shapes.SHAPES
