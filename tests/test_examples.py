@@ -13,7 +13,7 @@ from app.catalog.cards import load_cards
 from app.demo.models import EXAMPLE_KINDS, SEEING_MODELS
 from app.demo.seeing_llava import SECOND_BASE_CARD, second_card
 from app.demo.seeing_model import BASE_CARD, seeing_card
-from app.demo.shapes import KINDS, QUESTIONS
+from app.demo.shapes import COLOURS, KINDS, QUESTIONS, SHAPES
 from app.views.widgets import GENERAL_EXAMPLES, SEEING_EXAMPLES, ExampleShelves, fitting_examples
 
 CARDS = load_cards()
@@ -60,13 +60,20 @@ def test_each_model_is_offered_what_it_can_answer():
 
 
 def test_each_seeing_example_asks_its_kind_in_a_wording_training_uses():
-    """An example's kind decides which seeing model is offered it: it must be what is asked."""
-    for example in SEEING_EXAMPLES:
+    """An example's kind decides which seeing model is offered it: it must be what is asked, the
+    wording of that kind and of no other ("What colour is the shape?" is not "What colour is the
+    square?")."""
+    colours, kinds = "|".join(COLOURS), "|".join(SHAPES)
+
+    def asks(kind: str, text: str) -> bool:
         wordings = [
-            re.escape(q).replace(r"\{colour\}", r"\w+").replace(r"\{shape\}", r"\w+")
-            for q in QUESTIONS[example.kind]
+            re.escape(q).replace(r"\{colour\}", f"({colours})").replace(r"\{shape\}", f"({kinds})")
+            for q in QUESTIONS[kind]
         ]
-        assert any(re.fullmatch(wording, example.text) for wording in wordings), example
+        return any(re.fullmatch(wording, text) for wording in wordings)
+
+    for example in SEEING_EXAMPLES:
+        assert [kind for kind in KINDS if asks(kind, example.text)] == [example.kind], example
     assert set(EXAMPLE_KINDS) == set(SEEING_MODELS)
     assert all(set(kinds) <= set(KINDS) for kinds in EXAMPLE_KINDS.values())
 
