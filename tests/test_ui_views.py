@@ -386,7 +386,9 @@ def test_a_blind_battle_of_two_turns_takes_a_vote_names_the_models_and_updates_t
     send(page, "And on the right?", box="arena-input")
     poll(lambda: all(len(arena_answers(page, side)) == 2 for side in "ab"), 240)
     poll(lambda: all("done" in head.inner_text() for head in heads), 240)
-    assert all(page.locator(f"#arena-{side} [data-testid=user] img").count() == 1 for side in "ab")
+    # Still the one picture on each side: the chats are drawn again as the second answers end (once,
+    # on a clean clone, a side had not drawn its picture back when this was asked).
+    poll(lambda: all(page.locator(f"#arena-{side} [data-testid=user] img").count() == 1 for side in "ab"), 30)
     seen = " ".join(
         [page.inner_text("#arena-a"), page.inner_text("#arena-b"), *(h.inner_text() for h in heads)]
     )
