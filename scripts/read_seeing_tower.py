@@ -63,8 +63,10 @@ class Tower:
         ]
 
 
-def fit_probes(tower: Tower, steps: int) -> dict[str, Any]:
-    """Linear probes of box, colour and kind of shape, fitted on the frozen tower's features."""
+def fit_probes(tower: Tower, steps: int, pool: int | None = None) -> dict[str, Any]:
+    """Linear probes of box, colour and kind of shape, fitted on the frozen tower's features: a
+    new batch of pictures each step, or with `pool`, that many batches drawn once and gone over
+    in turn (the tower's forward pass is nearly all the time; the probes' steps cost little)."""
     import torch
 
     torch.manual_seed(PROBE_SEED)
@@ -77,14 +79,9 @@ def fit_probes(tower: Tower, steps: int) -> dict[str, Any]:
     )
     optimizer = torch.optim.Adam(probes.parameters(), lr=3e-3)
     rng = random.Random(PROBE_SEED)  # noqa: S311 (probe data, seeded to be reproducible)
-    for _ in range(steps):
-        scenes = [lesson_scene(rng) for _ in range(BATCH)]
-        features, grids = tower.features([found.image for found in scenes])
-        labels: dict[str, list[Any]] = {"box": [], "colour": [], "shape": []}
-        for found, (rows, columns) in zip(scenes, grids, strict=True):
-            for name, values in token_labels(found, rows, columns).items():
-                if name in labels:
-                    labels[name] += values
+    drawn = [batch_features(tower, rng) for _ in range(pool or 0)]
+    for step in range(steps):
+        features, labels = drawn[step % len(drawn)] if drawn else batch_features(tower, rng)
         boxes = torch.tensor(labels["box"])
         owned = boxes[:, 0] >= 0
         loss = torch.nn.functional.mse_loss(probes["box"](features)[owned], boxes[owned])
@@ -96,6 +93,18 @@ def fit_probes(tower: Tower, steps: int) -> dict[str, Any]:
         loss.backward()
         optimizer.step()
     return dict(probes.items())
+
+
+def batch_features(tower: Tower, rng: random.Random) -> tuple[Any, dict[str, list[Any]]]:
+    """A batch of the vision lesson's pictures: the tower's features and each token's labels."""
+    scenes = [lesson_scene(rng) for _ in range(BATCH)]
+    features, grids = tower.features([found.image for found in scenes])
+    labels: dict[str, list[Any]] = {"box": [], "colour": [], "shape": []}
+    for found, (rows, columns) in zip(scenes, grids, strict=True):
+        for name, values in token_labels(found, rows, columns).items():
+            if name in labels:
+                labels[name] += values
+    return features, labels
 
 
 def within_a_tenth(said: np.ndarray, truth: np.ndarray) -> bool:

@@ -415,11 +415,22 @@ def test_the_command_line_runs_a_set_into_reports_and_resumes(vllm_model_infos: 
             continue
         assert cell["ttft_s"] == first_times[key]  # kept, not asked again
 
-    # Mistakes are one line each, with exit code 2.
-    wrong = eval_command(
-        "--models", "nope,demo_llava", "--set", str(EXAMPLE_SET), "--out", str(report), env=env
-    )
-    assert wrong.returncode == 2 and wrong.stderr.strip().startswith("error: --models: no card 'nope'")
+
+def test_a_mistake_on_the_command_line_is_one_line_with_exit_code_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    """`python -m app eval`'s own code, in this process: it stops before any engine or vLLM's
+    environment (the runs above start it as a user does)."""
+    from app.evaluate import main
+
+    monkeypatch.setenv("APP_DEMO_DIR", str(tmp_path / "demo"))
+    monkeypatch.setenv("APP_HISTORY", "0")
+    out = str(tmp_path / "report.html")
+    assert main(["--models", "nope,demo_llava", "--set", str(EXAMPLE_SET), "--out", out]) == 2
+    assert capsys.readouterr().err.strip().startswith("error: --models: no card 'nope'")
+    assert main(["--models", f"{SEEING_KEY},demo_llava", "--set", str(EXAMPLE_SET), "--out", "r.txt"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --out must end in .html, .csv or .json."
+    assert not Path("r.txt").exists()
 
 
 def test_an_item_too_long_for_a_models_context_is_refused_up_front_for_that_model(
