@@ -184,13 +184,13 @@ def held_out(held_out_samples: list[dict[str, float]]) -> dict[str, float]:
     """The share right per kind of the model this code trains, on 24 questions of seed 7 and 12 of
     seed 11: one seed's 24 can put a kind over the floor that another's 12 leave under it (run S's
     counts: 22/24 and 8/12)."""
-    samples, scores = SAMPLES, held_out_samples
-    total = sum(count for count, _ in samples)
+    total = sum(count for count, _ in SAMPLES)
     pooled = {
-        kind: sum(score[kind] * count for score, (count, _) in zip(scores, samples, strict=True)) / total
-        for kind in scores[0]
+        kind: sum(score[kind] * count for score, (count, _) in zip(held_out_samples, SAMPLES, strict=True))
+        / total
+        for kind in held_out_samples[0]
     }
-    for (count, seed), score in zip(samples, scores, strict=True):
+    for (count, seed), score in zip(SAMPLES, held_out_samples, strict=True):
         print(f"held-out accuracy ({count}, seed {seed}):", {k: f"{v:.0%}" for k, v in score.items()})
     return pooled
 

@@ -142,8 +142,8 @@ def page_opener(
 
 def attach(page: Page, box: str, files: list[Path]) -> None:
     """Attaches `files` and waits until each is uploaded: Gradio's box sends on Enter while an
-    upload runs, without that file, which then goes with the next message (a clean-clone run sent
-    the first of two pictures, and the second with the next message's)."""
+    upload runs (its front end does not check). A possible cause, not a proven one, of a
+    clean-clone run whose follow-up prompt held 4 pictures instead of 3."""
     page.set_input_files(f"#{box} input[type=file]", [str(f) for f in files])
     page.wait_for_function(
         f"document.querySelectorAll('#{box} button[aria-label=\"Remove file\"]').length >= {len(files)}"
