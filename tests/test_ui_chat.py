@@ -341,6 +341,34 @@ def test_two_pictures_then_a_third_in_a_follow_up_all_reach_the_model(
     assert any("an earlier picture was here" in p.get("text", "") for p in parts)
 
 
+def test_enter_while_a_picture_uploads_sends_it_with_the_message_once_uploaded(
+    page: Page, served: tuple[Playground, str, RecordingFactory]
+):
+    """A visitor on a slow line presses Enter before the picture has reached the server: the
+    message waits for it and goes with it (Gradio's box does this; a Gradio upgrade that sent at
+    once would send the question without its picture)."""
+    factory = served[2]
+    set_max_tokens(page, "chat", 8)
+    poll(lambda: page.locator("#chat-input button.submit-button").is_visible(), 60)
+    held: list[Route] = []  # the upload, held as a slow line holds it
+    page.route("**/gradio_api/upload*", lambda route: held.append(route))
+    page.set_input_files("#chat-input input[type=file]", [str(EXAMPLES / "green_square.png")])
+    poll(lambda: page.wait_for_timeout(100) or held, 30)  # (the wait lets Playwright route it)
+    page.fill("#chat-input textarea", "What colour is this?")
+    page.press("#chat-input textarea", "Enter")
+    page.wait_for_timeout(1000)
+    asked = len(factory.asked)
+    assert user_messages(page) == 0  # nothing went without the picture
+    for route in held:
+        route.continue_()
+    page.unroute("**/gradio_api/upload*")
+    wait_for_answer(page)
+    assert len(factory.asked) == asked + 1
+    [message] = factory.asked[-1]
+    assert [part["type"] for part in message["content"]] == ["image", "text"]
+    assert message["content"][-1]["text"] == "What colour is this?"
+
+
 def test_the_chats_own_trash_icon_clears_the_conversation_the_model_gets(
     page: Page, served: tuple[Playground, str, RecordingFactory]
 ):

@@ -141,9 +141,10 @@ def page_opener(
 
 
 def attach(page: Page, box: str, files: list[Path]) -> None:
-    """Attaches `files` and waits until each is uploaded: Gradio's box sends on Enter while an
-    upload runs (its front end does not check). A possible cause, not a proven one, of a
-    clean-clone run whose follow-up prompt held 4 pictures instead of 3."""
+    """Attaches `files` and waits until each is in the box and uploaded. (Gradio's box holds a
+    message sent during an upload until the upload ends: `test_enter_while_a_picture_uploads_...`.)
+    Playwright sets the input's files without the click that empties it first, so attaching the
+    file the input already holds adds nothing: a test attaches a file once per page."""
     page.set_input_files(f"#{box} input[type=file]", [str(f) for f in files])
     page.wait_for_function(
         f"document.querySelectorAll('#{box} button[aria-label=\"Remove file\"]').length >= {len(files)}"
