@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -378,7 +379,14 @@ def eval_command(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_the_command_line_runs_a_set_into_reports_and_resumes(vllm_model_infos: Path, tmp_path: Path):
+def test_the_command_line_runs_a_set_into_reports_and_resumes(
+    vllm_model_infos: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """The first run as a user starts it, in a process of its own; `--resume` through the same
+    `main` in this process (its engines start from the tests' fork server, not a cold `spawn`),
+    with the environment it sets for vLLM put back afterwards."""
+    from app.evaluate import main
+
     env = {**os.environ, "APP_DEMO_DIR": str(tmp_path / "demo"), "APP_HISTORY": "0"}
     common = ["--models", f"{SEEING_KEY},demo_llava", "--set", str(EXAMPLE_SET), "--temperature", "0"]
     report = tmp_path / "out" / "report.html"
@@ -401,9 +409,11 @@ def test_the_command_line_runs_a_set_into_reports_and_resumes(vllm_model_infos: 
             cell["state"], cell["answer"] = "stopped", ""
     state.write_text(json.dumps(document), encoding="utf-8")
     table = tmp_path / "out" / "report.csv"  # its state file is the same report.grid.json
-    resumed = eval_command(*common, "--max-tokens", "8", "--out", str(table), "--resume", env=env)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "9 of 12 answers already there" in resumed.stderr  # the 10th cell is the refused clip
+    with mock.patch.dict(os.environ, env, clear=True):
+        status = main([*common, "--max-tokens", "8", "--out", str(table), "--resume"])
+    said = capsys.readouterr().err
+    assert status == 0, said[-2000:]
+    assert "9 of 12 answers already there" in said  # the 10th cell is the refused clip
     rows = list(csv.DictReader(io.StringIO(table.read_text(encoding="utf-8"))))
     assert [r["answer"].strip() for r in rows if r["model"] == SEEING_KEY] == [
         "triangle", "right", "three", "green", "green", "red",
