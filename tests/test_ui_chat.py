@@ -48,6 +48,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
 def test_an_image_question_gets_a_streamed_answer(page: Page):
+    # 64 tokens stream in many pieces; the page's 512 took the twin some 10 s more to no end.
+    set_max_tokens(page, "chat", 64)
     send(page, "What shapes do you see?", [EXAMPLES / "shapes.png"])
     seen: list[int] = []
     while "engine counted" not in page.inner_text("#prompt-size"):
@@ -243,12 +245,16 @@ def test_a_page_whose_session_could_not_start_says_to_reload_it(
 
 
 def test_a_closed_tab_leaves_no_files_behind(
-    open_page: Callable[[], Page], served: tuple[Playground, str, RecordingFactory]
+    open_page: Callable[[], Page],
+    served: tuple[Playground, str, RecordingFactory],
+    monkeypatch: pytest.MonkeyPatch,
 ):
     """Gradio ends the session when the tab closes; its folder (the tab's own copies of what it
-    sent) is deleted after the reload grace period (20 s here), not left for hours. The uploads
-    are Gradio's, shared by identical uploads of other tabs, and its own sweep takes them."""
+    sent) is deleted after the reload grace period (2 s for this test, 20 s for the module's
+    reloads), not left for hours. The uploads are Gradio's, shared by identical uploads of other
+    tabs, and its own sweep takes them."""
     sessions = served[0].sessions
+    monkeypatch.setattr(sessions, "grace_s", 2.0)
     page = open_page()
     set_max_tokens(page, "chat", 16)
     send(page, "What is this?", [EXAMPLES / "shapes.png"])
