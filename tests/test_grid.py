@@ -382,18 +382,25 @@ def eval_command(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess
 def test_the_command_line_runs_a_set_into_reports_and_resumes(
     vllm_model_infos: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
-    """The first run as a user starts it, in a process of its own; `--resume` through the same
-    `main` in this process (its engines start from the tests' fork server, not a cold `spawn`),
-    with the environment it sets for vLLM put back afterwards."""
+    """`python -m app eval`'s `main` in this process, its engines from the tests' fork server
+    rather than a cold `spawn` each (the app's own `spawn` start is `test_shutdown`'s and
+    `test_main`'s; the command's start in a process of its own is the test below), with the
+    environment it sets for vLLM put back after each run."""
     from app.evaluate import main
 
     env = {**os.environ, "APP_DEMO_DIR": str(tmp_path / "demo"), "APP_HISTORY": "0"}
+
+    def run(*args: str) -> tuple[int, str]:
+        with mock.patch.dict(os.environ, env, clear=True):
+            status = main(list(args))
+        return status, capsys.readouterr().err
+
     common = ["--models", f"{SEEING_KEY},demo_llava", "--set", str(EXAMPLE_SET), "--temperature", "0"]
     report = tmp_path / "out" / "report.html"
-    done = eval_command(*common, "--max-tokens", "8", "--out", str(report), env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "11 of 12 answers, 1 refused or failed" in done.stderr and "Traceback" not in done.stderr
-    assert "refused: item 6 (clip-end): LLaVA 1.5 7B: random-weight twin does not take videos" in done.stderr
+    status, said = run(*common, "--max-tokens", "8", "--out", str(report))
+    assert status == 0, said[-2000:]
+    assert "11 of 12 answers, 1 refused or failed" in said and "Traceback" not in said
+    assert "refused: item 6 (clip-end): LLaVA 1.5 7B: random-weight twin does not take videos" in said
     page = report.read_text(encoding="utf-8")
     assert page.count("<tr>") == 7 and page.count("matches") == 6 and "data:image/jpeg;base64," in page
     state = report.with_name("report.grid.json")
@@ -409,9 +416,7 @@ def test_the_command_line_runs_a_set_into_reports_and_resumes(
             cell["state"], cell["answer"] = "stopped", ""
     state.write_text(json.dumps(document), encoding="utf-8")
     table = tmp_path / "out" / "report.csv"  # its state file is the same report.grid.json
-    with mock.patch.dict(os.environ, env, clear=True):
-        status = main([*common, "--max-tokens", "8", "--out", str(table), "--resume"])
-    said = capsys.readouterr().err
+    status, said = run(*common, "--max-tokens", "8", "--out", str(table), "--resume")
     assert status == 0, said[-2000:]
     assert "9 of 12 answers already there" in said  # the 10th cell is the refused clip
     rows = list(csv.DictReader(io.StringIO(table.read_text(encoding="utf-8"))))
@@ -429,15 +434,20 @@ def test_the_command_line_runs_a_set_into_reports_and_resumes(
 def test_a_mistake_on_the_command_line_is_one_line_with_exit_code_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ):
-    """`python -m app eval`'s own code, in this process: it stops before any engine or vLLM's
-    environment (the runs above start it as a user does)."""
+    """Started as a user starts it, in a process of its own (it stops before any engine, about
+    8 s), then the other mistakes through the same `main` in this process."""
     from app.evaluate import main
 
     monkeypatch.setenv("APP_DEMO_DIR", str(tmp_path / "demo"))
     monkeypatch.setenv("APP_HISTORY", "0")
     out = str(tmp_path / "report.html")
-    assert main(["--models", "nope,demo_llava", "--set", str(EXAMPLE_SET), "--out", out]) == 2
-    assert capsys.readouterr().err.strip().startswith("error: --models: no card 'nope'")
+    started = eval_command(
+        "--models", "nope,demo_llava", "--set", str(EXAMPLE_SET), "--out", out, env=dict(os.environ)
+    )
+    assert started.returncode == 2 and "Traceback" not in started.stderr, started.stderr[-2000:]
+    assert started.stderr.strip().splitlines() == [
+        "error: --models: no card 'nope' (`python -m app --list` shows the keys)."
+    ]
     assert main(["--models", f"{SEEING_KEY},demo_llava", "--set", str(EXAMPLE_SET), "--out", "r.txt"]) == 2
     assert capsys.readouterr().err.strip() == "error: --out must end in .html, .csv or .json."
     assert not Path("r.txt").exists()
