@@ -311,9 +311,13 @@ def test_vllm_sockets_fit_however_deep_the_apps_folder_is(tmp_path: Path):
         # the operator bounds it otherwise.
         assert environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(ONEDNN_KERNELS_KEPT)
         assert kept["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(ONEDNN_KERNELS_KEPT)
-        own = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "8"}
+        own = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "8", "OMP_NUM_THREADS": "3"}
         use_local_vllm_environment(scratch, own)
         assert own["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "8"
+        # Each engine half the cores (two answering at once oversubscribed them), unless the
+        # operator says otherwise.
+        assert environ["OMP_NUM_THREADS"] == str(max(1, len(os.sched_getaffinity(0)) // 2))
+        assert own["OMP_NUM_THREADS"] == "3"
         empty = {"VLLM_CACHE_ROOT": ""}
         use_local_vllm_environment(scratch, empty)
         assert empty["VLLM_CACHE_ROOT"].startswith(str(scratch))

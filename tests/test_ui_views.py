@@ -354,6 +354,13 @@ def test_a_reopened_video_chat_shows_the_frames_the_model_sees_again(page: Page)
 # --- the arena and its leaderboard -------------------------------------------------------------
 
 
+# What each user message of a chat holds, for a failed wait's message: its text and pictures.
+USER_MESSAGES = (
+    "els => els.map(e => [e.innerText.slice(0, 40),"
+    " [...e.querySelectorAll('img')].map(i => i.src.slice(-40))])"
+)
+
+
 def arena_answers(page: Page, side: str) -> list[str]:
     return page.locator(f"#arena-{side} [data-testid=bot]").all_inner_texts()
 
@@ -386,9 +393,19 @@ def test_a_blind_battle_of_two_turns_takes_a_vote_names_the_models_and_updates_t
     send(page, "And on the right?", box="arena-input")
     poll(lambda: all(len(arena_answers(page, side)) == 2 for side in "ab"), 240)
     poll(lambda: all("done" in head.inner_text() for head in heads), 240)
-    # Still the one picture on each side: the chats are drawn again as the second answers end (once,
-    # on a clean clone, a side had not drawn its picture back when this was asked).
-    poll(lambda: all(page.locator(f"#arena-{side} [data-testid=user] img").count() == 1 for side in "ab"), 30)
+    # Still the one picture on each side: the chats are drawn again as the second answers end (twice,
+    # on a clean clone, a side had not drawn its picture back within 30 s; not understood: the wait
+    # is 60 s, and its failure says what each side's user messages held).
+    poll(
+        lambda: all(page.locator(f"#arena-{side} [data-testid=user] img").count() == 1 for side in "ab"),
+        60,
+        shown=lambda: repr(
+            {
+                side: page.locator(f"#arena-{side} [data-testid=user]").evaluate_all(USER_MESSAGES)
+                for side in "ab"
+            }
+        ),
+    )
     seen = " ".join(
         [page.inner_text("#arena-a"), page.inner_text("#arena-b"), *(h.inner_text() for h in heads)]
     )

@@ -103,7 +103,8 @@ def use_local_vllm_environment(scratch: Path, environ: MutableMapping[str, str] 
     unless the environment names its own (`VLLM_CACHE_ROOT`, `TORCHINDUCTOR_CACHE_DIR`: what vLLM
     learns about a model class there saves about 8 s of its first build, so a cache one already
     keeps is kept). `VLLM_CPU_KVCACHE_SPACE` is removed because it overrides each engine's own KV
-    cache size. oneDNN's cache of compiled kernels is bounded (`ONEDNN_KERNELS_KEPT`).
+    cache size. oneDNN's cache of compiled kernels is bounded (`ONEDNN_KERNELS_KEPT`), and each
+    engine takes half the cores (`engine_threads`).
     """
     environ.update(
         HF_HUB_OFFLINE="1",
@@ -121,6 +122,16 @@ def use_local_vllm_environment(scratch: Path, environ: MutableMapping[str, str] 
     # chat of a new length, with no end in a 30-minute run (`bench/bench_engine_memory.py`). A
     # few dozen keep the answers' shapes; an operator's own value is kept.
     environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_KERNELS_KEPT))
+    # Each engine's torch would take every core, so two engines answering at once (compare, the
+    # arena, two visitors on two models) ran two threads each on two cores: 288 questions each,
+    # side by side, took 95 s with two threads an engine and 33 s with one (alone: 26 s and 28 s).
+    # Half the cores each keeps two at once within the machine; an operator's own value is kept.
+    environ.setdefault("OMP_NUM_THREADS", str(engine_threads()))
+
+
+def engine_threads() -> int:
+    """OpenMP threads for each CPU engine: half the cores this process may run on, at least one."""
+    return max(1, len(os.sched_getaffinity(0)) // 2)
 
 
 ONEDNN_KERNELS_KEPT = 64
