@@ -130,8 +130,10 @@ def use_local_vllm_environment(scratch: Path, environ: MutableMapping[str, str] 
 
 
 def engine_threads() -> int:
-    """OpenMP threads for each CPU engine: half the cores this process may run on, at least one."""
-    return max(1, len(os.sched_getaffinity(0)) // 2)
+    """OpenMP threads for each CPU engine: half the cores this process may run on (where the
+    system says which: Linux; elsewhere all of them), at least one."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // 2)
 
 
 ONEDNN_KERNELS_KEPT = 64
