@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 
 # One OpenMP thread per process (torch's, in the tests' processes and every engine they start,
 # which inherit it): the suite runs two workers on two cores, and an engine's two threads by
-# default oversubscribed them. Two engines answering the same 288 questions side by side took
-# 95 s each with two threads, 33 s with one; alone 26 s and 28 s (docs/TESTING.md). Set before
-# anything imports torch.
+# default oversubscribed them (the app's own rule, `app.demo.models.engine_threads`, gives one
+# here too; its measurement: docs/BENCHMARKS.md, "Two CPU engines at once"). Set before anything
+# imports torch.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest

@@ -123,9 +123,9 @@ def use_local_vllm_environment(scratch: Path, environ: MutableMapping[str, str] 
     # few dozen keep the answers' shapes; an operator's own value is kept.
     environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_KERNELS_KEPT))
     # Each engine's torch would take every core, so two engines answering at once (compare, the
-    # arena, two visitors on two models) ran two threads each on two cores: 288 questions each,
-    # side by side, took 95 s with two threads an engine and 33 s with one (alone: 26 s and 28 s).
-    # Half the cores each keeps two at once within the machine; an operator's own value is kept.
+    # arena, two visitors on two models) ran two threads each on two cores, about three times
+    # slower than one each (`bench/bench_engine_threads.py`, docs/BENCHMARKS.md). Half the cores
+    # each keeps two at once within the machine; an operator's own value is kept.
     environ.setdefault("OMP_NUM_THREADS", str(engine_threads()))
 
 
