@@ -135,6 +135,7 @@ EXAMPLE_ANSWERS = {
     "Where is the red circle?": "red circle",  # the label of its one box
     "What colour is the square?": "yellow",
     "How many shapes are there?": "three",
+    "How many red shapes are there?": "one",
     "What colour is the shape in the second picture?": "green",
     "What colour does the clip end with?": "red",
 }

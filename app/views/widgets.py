@@ -120,6 +120,7 @@ SEEING_EXAMPLES = (
     Example("Where is the red circle?", ("three_shapes.png",), boxes=True, kind="box"),
     Example("What colour is the square?", ("three_shapes.png",), kind="colour of"),
     Example("How many shapes are there?", ("three_shapes.png",), kind="count"),
+    Example("How many red shapes are there?", ("three_shapes.png",), kind="colour count"),
     Example(
         "What colour is the shape in the second picture?",
         ("one_shape.png", "green_square.png"),
