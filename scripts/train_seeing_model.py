@@ -5,7 +5,7 @@ example, through the real vLLM engine:
     .venv/bin/python scripts/train_seeing_model.py [--model first|second] [--out DIR] [--per-kind N]
 
 `first` (the default): the tiny Qwen3-VL of `app.demo.seeing_model`, into `static/seeing-model`
-(about 55 minutes on two CPU cores: run L's two lessons took 42, run T's third 13). `second`: the
+(about an hour on two CPU cores: run L's two lessons took 42 minutes, run U's third about 20). `second`: the
 tiny LLaVA-1.5 of `app.demo.seeing_llava`, into `static/seeing-model-llava` (about 17 minutes).
 Evaluating takes a minute or two. The tests train again from the same code where the committed
 weights' stamp no longer matches it (`tests/test_seeing.py`, `tests/test_seeing_second.py`).
@@ -146,7 +146,7 @@ def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
 def third_lesson(source: Path, out: Path, steps: Steps) -> None:
     """The first model's third lesson alone, on a model saved after its first two: what the whole
     recipe does after them (it rounds their weights to bfloat16, as saved, and gives the third its
-    own seed), in about 14 minutes instead of 56. The committed weights were made so from run L's,
+    own seed), in about 20 minutes instead of an hour. The committed weights were made so from run L's,
     which are in git (`git show 2f69afd:static/seeing-model/model.safetensors`); with 20 steps of
     each lesson, this and the whole recipe gave the same bytes."""
     import torch
