@@ -16,6 +16,7 @@ import pytest
 from PIL import Image
 from playwright.sync_api import Browser, Page, Route
 from ui_pages import (
+    ANSWERS,
     EXAMPLES,
     LABEL_A,
     LABEL_B,
@@ -50,11 +51,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 # Records, in the page, the length of the last answer at each change of the chat: every state
 # the browser drew, where polling from the test saw one state in two clean-clone runs (the whole
 # answer of 512 tokens drawn between two polls, 64 tokens in another run).
-RECORD_ANSWER_LENGTHS = """waiting => {
+RECORD_ANSWER_LENGTHS = """([answersSelector, waiting]) => {
     window.answerLengths = [];
     const chat = document.querySelector('#chat');
     new MutationObserver(() => {
-        const answers = chat.querySelectorAll('[data-testid=bot]:not(:has(.thought-group))');
+        const answers = chat.querySelectorAll(answersSelector);
         const text = answers.length ? answers[answers.length - 1].innerText : '';
         if (text && !text.startsWith(waiting)) window.answerLengths.push(text.length);
     }).observe(chat, {subtree: true, childList: true, characterData: true});
@@ -62,7 +63,7 @@ RECORD_ANSWER_LENGTHS = """waiting => {
 
 
 def test_an_image_question_gets_a_streamed_answer(page: Page):
-    page.evaluate(RECORD_ANSWER_LENGTHS, WAITING)
+    page.evaluate(RECORD_ANSWER_LENGTHS, [ANSWERS, WAITING])
     send(page, "What shapes do you see?", [EXAMPLES / "shapes.png"])
     final = wait_for_answer(page)
     seen: list[int] = page.evaluate("window.answerLengths")

@@ -169,9 +169,13 @@ def send(page: Page, text: str, files: list[Path] = (), box: str = "chat-input")
     page.press(f"#{box} textarea", "Enter")
 
 
+# A chat's answers, without the line under each that opens to the prompt.
+ANSWERS = "[data-testid=bot]:not(:has(.thought-group))"
+
+
 def bot_messages(page: Page) -> list[str]:
     """The answers (without the line under each that opens to the prompt)."""
-    return page.locator("#chat [data-testid=bot]:not(:has(.thought-group))").all_inner_texts()
+    return page.locator(f"#chat {ANSWERS}").all_inner_texts()
 
 
 def answer_labels(page: Page) -> list[str]:
