@@ -348,6 +348,29 @@ def test_the_seeing_demo_model_answers_about_the_picture_sent_in_the_page_and_th
     )
 
 
+def test_the_second_seeing_model_is_offered_only_the_questions_it_answers(page: Page):
+    """The examples follow the model picked in the page (issue 29, item 7): the second seeing model
+    (a tiny LLaVA) writes no boxes and was not taught descriptions, counts of a colour or a shape
+    named among several, so its shelf leaves them out; the question it is offered, it answers."""
+    pick(page, "model", "Shapes too, smaller")
+    not_offered = ("Describe the picture.", "Where is the red circle?", "How many red shapes are there?")
+    poll(
+        lambda: (
+            any_visible(page, "What colour is the shape?")
+            and not any(any_visible(page, text) for text in not_offered)
+        ),
+        shown=lambda: f"offered: {[text for text in not_offered if any_visible(page, text)]}",
+    )
+    page.get_by_text("What colour is the shape?", exact=True).first.click()
+    poll(lambda: page.locator("#chat-input textarea").input_value() == "What colour is the shape?")
+    page.press("#chat-input textarea", "Enter")
+    assert wait_for_answer(page, timeout_s=180).strip() == "blue"  # the page's blue triangle
+    assert answer_labels(page)[0].split(" · ")[0] == "Shapes too, smaller: tiny LLaVA trained here"
+    # Back to the first: its whole shelf again.
+    pick(page, "model", "Shapes and colours")
+    poll(lambda: all(any_visible(page, text) for text in not_offered))
+
+
 def any_visible(page: Page, text: str) -> bool:
     found = page.get_by_text(text, exact=True)
     return any(found.nth(i).is_visible() for i in range(found.count()))

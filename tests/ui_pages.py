@@ -23,7 +23,8 @@ from ports import free_port
 
 from app.catalog.cards import ModelCard, load_cards
 from app.config import Settings
-from app.demo.models import SEEING_FOLDER
+from app.demo.models import SECOND_FOLDER, SEEING_FOLDER, SEEING_MODELS
+from app.demo.seeing_llava import SECOND_BASE_CARD, SECOND_KEY, second_card
 from app.demo.seeing_model import BASE_CARD, SEEING_KEY, seeing_card
 from app.engines.base import SamplingSettings
 from app.engines.manager import EngineManager
@@ -64,7 +65,7 @@ class RecordingFactory(VllmEngineFactory):
 
         def to_max_tokens(card: Any, messages: Any, sampling: SamplingSettings, request_id: str) -> Any:
             self.asked.append(messages)
-            if card.key != SEEING_KEY:  # the trained model's answers end where it ends them
+            if card.key not in SEEING_MODELS:  # the trained models' answers end where they end them
                 sampling = replace(sampling, ignore_eos=True)
             if (cap := self.max_tokens_cap) is not None:  # sampling is filled in by now
                 sampling = replace(sampling, max_tokens=min(sampling.max_tokens or cap, cap))
@@ -102,6 +103,7 @@ def serve(
             update={"key": GREEDY, "display_name": "Greedy twin", "sampling_defaults": greedy}
         ),
         SEEING_KEY: seeing_card(load_cards()[BASE_CARD], SEEING_FOLDER),
+        SECOND_KEY: second_card(load_cards()[SECOND_BASE_CARD], SECOND_FOLDER),
         **load_cards(),
     }
     factory = RecordingFactory(settings)
