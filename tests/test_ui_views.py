@@ -49,6 +49,14 @@ def test_two_models_compared_side_by_side_and_exported(
     page: Page, served: tuple[Playground, str, RecordingFactory]
 ):
     page.get_by_role("tab", name="Compare").click()
+    # On a CPU box the two trained seeing models come picked (issue 29, item 8); here the twins are
+    # compared instead.
+    picked = page.locator("#compare-models .token")
+    poll(lambda: picked.count() == 2)
+    first, second = picked.all_inner_texts()
+    assert "Shapes and colours" in first and "Shapes too, smaller" in second
+    page.click("#compare-models .remove-all")
+    poll(lambda: picked.count() == 0)
     pick(page, "compare-models", LABEL_A)
     pick(page, "compare-models", LABEL_B)
     set_max_tokens(page, "compare", 32)
