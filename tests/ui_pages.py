@@ -204,8 +204,10 @@ def page_state(page: Page) -> str:
     """What the chat shows, for a failed wait's message."""
     return repr(
         {
-            "answers": bot_messages(page),
+            "answers": [answer[:120] for answer in bot_messages(page)],
             "messages": user_messages(page),
+            "box": page.locator("#chat-input textarea").input_value(),
+            "files in the box": page.locator('#chat-input button[aria-label="Remove file"]').count(),
             "notice": page.inner_text("#notice"),
             "size line": page.inner_text("#prompt-size"),
             "send button": page.locator("#chat-input button.submit-button").is_visible(),
@@ -222,6 +224,7 @@ def wait_until_answering(page: Page, answers: int, timeout_s: float) -> None:
             and not shown[-1].startswith(WAITING)
         ),
         timeout_s,
+        shown=lambda: page_state(page),
     )
 
 
