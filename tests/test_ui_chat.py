@@ -112,10 +112,14 @@ def test_stop_ends_the_answer_in_the_engine_and_the_chat_goes_on(
         return shown
 
     # The checks need the answer still streaming: a try whose answer ended first (before a check,
-    # or between the last check and Escape, as on one clean clone) is asked again.
-    for answers in range(1, 4):
+    # or between the last check and Escape, as on clean clones) is asked again in a new chat (in the
+    # same one, its 4,096 tokens made the next prompt too long, and the app refused it).
+    for attempt in range(3):
+        if attempt:
+            page.click("#clear")
+            poll(lambda: user_messages(page) == 0)
         send(page, "Tell me a long story.")
-        wait_until_answering(page, answers=answers, timeout_s=120)
+        wait_until_answering(page, answers=1, timeout_s=120)
         # While it streams, the box's Send button is a Stop button, and Escape presses it.
         if not streaming_with_stop_shown():
             continue
@@ -125,7 +129,7 @@ def test_stop_ends_the_answer_in_the_engine_and_the_chat_goes_on(
         if not streaming_with_stop_shown():
             continue
         page.keyboard.press("Escape")
-        poll(lambda count=answers: len(answer_labels(page)) == count)  # its line: stopped, or ended
+        poll(lambda: len(answer_labels(page)) == 1)  # its line: stopped, or ended
         if answer_labels(page)[-1].endswith("stopped"):
             break
     else:
@@ -137,8 +141,8 @@ def test_stop_ends_the_answer_in_the_engine_and_the_chat_goes_on(
     poll(lambda: submit.is_visible(), 10)
     set_max_tokens(page, "chat", 32)
     send(page, "Go on.")
-    wait_for_answer(page, answers=answers + 1)
-    assert len(bot_messages(page)) == answers + 1 and not answer_labels(page)[-1].endswith("stopped")
+    wait_for_answer(page, answers=2)
+    assert len(bot_messages(page)) == 2 and not answer_labels(page)[-1].endswith("stopped")
 
 
 def test_each_answer_is_labelled_with_its_model_and_opens_to_the_exact_prompt(page: Page):
