@@ -20,6 +20,7 @@ from ui_pages import (
     EXAMPLES,
     LABEL_A,
     LABEL_B,
+    REMOVE_FILE,
     TINY_A,
     RecordingFactory,
     answer_labels,
@@ -620,7 +621,7 @@ def test_a_broken_file_or_an_oversized_prompt_keeps_the_history_and_others_strea
     assert "image" in notice.lower() and str(tmp_path) not in notice and "Traceback" not in notice
     assert (user_messages(page), bot_messages(page)) == history
     assert page.input_value("#chat-input textarea") == "What is in this photo?"
-    page.click("#chat-input button[aria-label='Remove file']")
+    page.click(f"#chat-input {REMOVE_FILE}")
     send(page, "word " * 20000)
     poll(lambda: "tokens" in warning(page))
     # The refusal is in sight, above the grown input box (it was below the window's edge).
@@ -675,9 +676,9 @@ def test_an_earlier_message_edited_with_its_picture_branches_and_every_version_s
     pick(page, "edit-menu", "1. “Describe the first picture.” (+1 file)")
     poll(lambda: page.input_value("#chat-input textarea") == "Describe the first picture.")
     assert "Editing message 1" in page.inner_text("#notice")
-    assert page.locator("#chat-input button[aria-label='Remove file']").count() == 1
+    assert page.locator(f"#chat-input {REMOVE_FILE}").count() == 1
     # Its text and picture changed, then sent: the chat goes on from the edited message.
-    page.locator("#chat-input button[aria-label='Remove file']").click()
+    page.locator(f"#chat-input {REMOVE_FILE}").click()
     attach(page, "chat-input", [EXAMPLES / "green_square.png"])
     page.fill("#chat-input textarea", "Describe this one instead.")
     page.press("#chat-input textarea", "Enter")

@@ -142,6 +142,10 @@ def page_opener(
 # --- helpers ---------------------------------------------------------------------------------
 
 
+# A file's Remove button in a message box: one for each file the box holds.
+REMOVE_FILE = "button[aria-label='Remove file']"
+
+
 def attach(page: Page, box: str, files: list[Path]) -> None:
     """Attaches `files` one after another, as a visitor picking them one at a time, each once it
     is in the box and uploaded. (Gradio's box holds a message sent during an upload until the
@@ -150,11 +154,11 @@ def attach(page: Page, box: str, files: list[Path]) -> None:
     (twice in about ten clean-clone runs: a first turn with one picture, a follow-up with three).
     Playwright sets the input's files without the click that empties it first, so attaching the
     file the input already holds adds nothing: a test attaches a file once per page."""
-    held = page.locator(f'#{box} button[aria-label="Remove file"]').count()
+    held = page.locator(f"#{box} {REMOVE_FILE}").count()
     for count, file in enumerate(files, start=held + 1):
         page.set_input_files(f"#{box} input[type=file]", [str(file)])
         page.wait_for_function(
-            f"document.querySelectorAll('#{box} button[aria-label=\"Remove file\"]').length >= {count}"
+            f'document.querySelectorAll("#{box} {REMOVE_FILE}").length >= {count}'
             f" && !document.querySelector('#{box} [aria-label=\"Uploading\"]')"
         )
 
@@ -207,7 +211,7 @@ def page_state(page: Page) -> str:
             "answers": [answer[:120] for answer in bot_messages(page)],
             "messages": user_messages(page),
             "box": page.locator("#chat-input textarea").input_value(),
-            "files in the box": page.locator('#chat-input button[aria-label="Remove file"]').count(),
+            "files in the box": page.locator(f"#chat-input {REMOVE_FILE}").count(),
             "notice": page.inner_text("#notice"),
             "size line": page.inner_text("#prompt-size"),
             "send button": page.locator("#chat-input button.submit-button").is_visible(),
