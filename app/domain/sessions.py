@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from app.domain.arena import Battle
 from app.domain.conversation import SESSION_FOLDER_ROOT, Session
@@ -52,6 +53,9 @@ class Visit:
     account: str | None = None
     # The client's address as the server sees it (`app.views.identity`): the arena's vote limit.
     address: str = ""
+    # The message each view's box sent last (by view: "chat", "compare", "arena"), kept from when
+    # the server took it until its answer ends (`app.views.widgets.settled_box`).
+    sent: dict[str, dict[str, Any]] = field(default_factory=dict)
     pages: set[str] = field(default_factory=set)  # Gradio session hashes attached now
     last_used: float = 0.0
     detached_at: float | None = None

@@ -42,7 +42,7 @@ from app.storage.history import History, VoteRecord
 from app.storage.votes import OUTCOMES, Outcome
 from app.views.chat import NO_VISIT, PRIVATE
 from app.views.services import WARNING, Playground
-from app.views.widgets import ExampleShelves, box_idle, box_streaming, message_box
+from app.views.widgets import ExampleShelves, box_idle, box_streaming, message_box, settled_box
 
 INTRO = (
     "Two anonymous models answer your message side by side. Go on for as many turns as you like, "
@@ -118,6 +118,7 @@ class ArenaView:
 
         comparison = Comparison(text, [Path(f).name for f in files], "", SamplingSettings())
         session.turns.append(turn)
+        visit.sent["arena"] = message
         session.stop_requested = False
         # The first update hides the vote (until both answers end) and the last battle's names.
         first: tuple[Any, ...] = (box_streaming(value=None), "", gr.Column(visible=False), "")
@@ -302,7 +303,7 @@ class ArenaView:
             show_progress="hidden",
             **PRIVATE,
         )
-        asked.then(box_idle, None, [box], show_progress="hidden", queue=False, **PRIVATE)
+        asked.then(settled_box("arena"), [box, visit], [box], show_progress="hidden", queue=False, **PRIVATE)
         box.stop(self.stop, [visit], None, concurrency_limit=None, **PRIVATE)
         self.voted = [
             button.click(

@@ -45,6 +45,7 @@ from app.views.widgets import (
     box_streaming,
     message_box,
     sampling_controls,
+    settled_box,
 )
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,7 @@ class ChatView:
                 session.turns.append(turn)
             else:
                 session.branch(editing, turn)
+            visit.sent["chat"] = message
         except Exception as error:
             yield shown_if(visit, session), box_idle(value=message), refusal(error), gr.skip()
             return
@@ -153,6 +155,7 @@ class ChatView:
             yield update
         if turn.reply is not None and turn.reply.state == "failed" and not gone():
             session.discard(turn)  # the message goes back to the box, to send again
+            visit.sent.pop("chat", None)
             session.editing = editing if session.starts_with(earlier) else None
             yield conversation(session), box_idle(value=message), gr.skip(), gr.skip()
 
@@ -515,9 +518,9 @@ class ChatView:
             show_progress_on=[chatbot],
             **PRIVATE,
         )
-        for event in (sent, again):
-            # The Send button comes back however the answer ended.
-            event.then(box_idle, None, [box], show_progress="hidden", queue=False, **PRIVATE)
+        # The Send button comes back however the answer ended.
+        sent.then(settled_box("chat"), [box, visit], [box], show_progress="hidden", queue=False, **PRIVATE)
+        again.then(box_idle, None, [box], show_progress="hidden", queue=False, **PRIVATE)
         box.stop(self.stop, [visit], None, concurrency_limit=None, **PRIVATE)
         undone = undo.click(self.undo, [visit], [chatbot, box, notice], **PRIVATE)
         edited = edit_menu.input(self.edit, [edit_menu, visit], [box, notice, cancel], **PRIVATE)

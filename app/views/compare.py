@@ -28,6 +28,7 @@ from app.views.widgets import (
     box_streaming,
     message_box,
     sampling_controls,
+    settled_box,
 )
 
 OPENED_MEANWHILE = "Another comparison was opened while this message was being prepared; send it again."
@@ -103,6 +104,7 @@ class CompareView:
         # The session holds the run as one turn whose columns fill as they stream (the history
         # stores it from there once it ends).
         session.turns.append(turn)
+        visit.sent["compare"] = message
         session.system_prompt = system
         turn.columns = comparison.columns
 
@@ -222,7 +224,9 @@ class CompareView:
             show_progress="hidden",
             **PRIVATE,
         )
-        asked.then(box_idle, None, [box], show_progress="hidden", queue=False, **PRIVATE)
+        asked.then(
+            settled_box("compare"), [box, visit], [box], show_progress="hidden", queue=False, **PRIVATE
+        )
         # What the history view stores and restores (`HistoryView`).
         self.asked, self.keys, self.system, self.notice, self.sent = asked, keys, system, notice, sent
         self.columns, self.exported = columns, [export_json, export_md]
