@@ -419,7 +419,7 @@ def test_a_message_still_whole_in_the_box_when_its_answer_ends_is_taken_out_and_
     """docs/TESTING.md's fault: two pictures picked together and sent stayed in the box with their
     text (the page missed the clear sent with the answer's first update) and went again with the
     next message. When the answer ends the box is emptied of the message sent, once; a message
-    typed meanwhile stays, and so does one put back after a refusal."""
+    typed meanwhile stays, and so do one put back after a refusal and one taken back by Undo."""
     view, _ = views
     _, visit = view.playground.sessions.attach(None, "page")
     files = [str(picture(tmp_path / "a.png", "red")), str(picture(tmp_path / "b.png", "blue"))]
@@ -432,9 +432,16 @@ def test_a_message_still_whole_in_the_box_when_its_answer_ends_is_taken_out_and_
     assert "value" not in settle(dict(message), visit).constructor_args
     loop.run(drain(view.chat.send(dict(message), visit, "tiny-a", "", 0.0, 1.0, 8, 0)))
     assert "value" not in settle({"text": "And now?", "files": files}, visit).constructor_args
-    refused = {"text": "Is it there?", "files": files}
-    loop.run(drain(view.chat.send(dict(refused), visit, "no-such-model", "")))
-    assert "value" not in settle(dict(refused), visit).constructor_args
+    # Refused and put back, it stays, even where the same message's answer ended unseen before
+    # (its tab closed: no end came to take it out).
+    again = {"text": "Once more.", "files": []}
+    loop.run(drain(view.chat.send(dict(again), visit, "tiny-a", "", 0.0, 1.0, 8, 0)))
+    loop.run(drain(view.chat.send(dict(again), visit, "no-such-model", "")))
+    assert "value" not in settle(dict(again), visit).constructor_args
+    # Taken back into the box by Undo (which works while an answer streams), it stays.
+    loop.run(drain(view.chat.send(dict(again), visit, "tiny-a", "", 0.0, 1.0, 8, 0)))
+    view.chat.undo(visit)
+    assert "value" not in settle(dict(again), visit).constructor_args
 
 
 def test_every_version_of_a_chat_is_stored_and_reopened_and_a_crafted_one_breaks_nothing(loop, views):

@@ -42,7 +42,7 @@ from app.storage.history import History, VoteRecord
 from app.storage.votes import OUTCOMES, Outcome
 from app.views.chat import NO_VISIT, PRIVATE
 from app.views.services import WARNING, Playground
-from app.views.widgets import ExampleShelves, box_idle, box_streaming, message_box, settled_box
+from app.views.widgets import ExampleShelves, box_idle, box_streaming, forget_sent, message_box, settled_box
 
 INTRO = (
     "Two anonymous models answer your message side by side. Go on for as many turns as you like, "
@@ -75,6 +75,7 @@ class ArenaView:
         """A message for both sides: a new battle when none is on (or the last one had its vote),
         then the two answers streamed side by side (the scheduler may make one side wait)."""
         text, files = message.get("text") or "", list(message.get("files") or [])
+        forget_sent(visit, "arena")  # an earlier message's, whose end never came
         session = visit.arena if visit is not None else Session()
         names: dict[str, str] = {}
         try:
@@ -134,6 +135,7 @@ class ArenaView:
         turn.columns = comparison.columns
         if all(column.state == "failed" for column in turn.columns):
             session.turns.remove(turn)  # nothing to vote on: the message goes back to the box
+            forget_sent(visit, "arena")
             notice = WARNING + BLIND_FAILURE
             yield *self.view(visit), box_idle(value=message), notice, gr.skip(), gr.skip()
             return

@@ -43,6 +43,7 @@ from app.views.widgets import (
     ExampleShelves,
     box_idle,
     box_streaming,
+    forget_sent,
     message_box,
     sampling_controls,
     settled_box,
@@ -113,6 +114,7 @@ class ChatView:
         message = plain_message(message)
         text, files = message["text"], message["files"]
         self.playground.active(visit)
+        forget_sent(visit, "chat")  # an earlier message's, whose end never came (a tab closed)
         session = visit.chat if visit is not None else Session()
         # An edited message becomes a new version of its place; anything else follows the chat.
         editing = (
@@ -155,7 +157,7 @@ class ChatView:
             yield update
         if turn.reply is not None and turn.reply.state == "failed" and not gone():
             session.discard(turn)  # the message goes back to the box, to send again
-            visit.sent.pop("chat", None)
+            forget_sent(visit, "chat")
             session.editing = editing if session.starts_with(earlier) else None
             yield conversation(session), box_idle(value=message), gr.skip(), gr.skip()
 
@@ -271,6 +273,7 @@ class ChatView:
         shown before it comes back)."""
         session = visit.chat if visit is not None else Session()
         session.editing = None
+        forget_sent(visit, "chat")  # taken back into the box: the visitor's again
         if not session.turns:
             return conversation(session), gr.skip(), ""
         turn = session.drop_last()
@@ -326,6 +329,7 @@ class ChatView:
         position = int(found[0])
         turn = session.turns[position]
         session.editing = position
+        forget_sent(visit, "chat")
         files = [str(path) for path in turn.files]
         return (
             box_idle(value={"text": turn.text, "files": files}),

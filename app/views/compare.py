@@ -26,6 +26,7 @@ from app.views.widgets import (
     ExampleShelves,
     box_idle,
     box_streaming,
+    forget_sent,
     message_box,
     sampling_controls,
     settled_box,
@@ -67,6 +68,7 @@ class CompareView:
         the chat, the arena and the grid (the seeing model's 0, say), not the sliders'."""
         text, files = message.get("text") or "", list(message.get("files") or [])
         self.playground.active(visit)
+        forget_sent(visit, "compare")  # an earlier message's, whose end never came
         session = visit.compare if visit is not None else Session()
         try:
             if visit is None:

@@ -73,12 +73,20 @@ def as_sent(message: Any) -> tuple[str, tuple[str, ...]]:
     )
 
 
+def forget_sent(visit: Visit | None, view: str) -> None:
+    """`view`'s box holds the visitor's own message again (put back, taken back, or a new one
+    sent): nothing of it is the server's to empty (`settled_box`)."""
+    if visit is not None:
+        visit.sent.pop(view, None)
+
+
 def settled_box(view: str) -> Callable[[Any, Visit | None], gr.MultimodalTextbox]:
     """What a view's box becomes when an answer ends: ready for input, and emptied if it still
     holds, whole, the message `view` sent (`Visit.sent`). The answer's first update clears the box,
-    and in about 3 of 150 tries on a busy machine the page did not take that clear: two pictures
-    picked together, then the text too, stayed and went again with the next message
-    (docs/TESTING.md). A message typed since, or one put back after a refusal, stays."""
+    and in about 4 of 190 tries on a busy machine the page did not take that clear: the whole
+    message (two pictures picked together, and its text) stayed, and went again with the next
+    (docs/TESTING.md). A message typed since, put back after a refusal or taken back by
+    Undo or Edit (`forget_sent`) stays."""
 
     def settle(message: Any, visit: Visit | None) -> gr.MultimodalTextbox:
         sent = visit.sent.pop(view, None) if visit is not None else None
