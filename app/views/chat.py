@@ -45,6 +45,7 @@ from app.views.widgets import (
     box_streaming,
     forget_sent,
     message_box,
+    plain_message,
     sampling_controls,
     settled_box,
 )
@@ -707,16 +708,3 @@ def what_was_sent(reply: Reply) -> str:
             f"**Sampling:** {sampling}",
         ]
     )
-
-
-def plain_message(message: Any) -> dict[str, Any]:
-    """A message as the page sends it ({"text": str, "files": [str]}), whatever the API sent:
-    other types are taken as no text and no files, never passed on to fail deeper."""
-    if not isinstance(message, dict):
-        message = {"text": message if isinstance(message, str) else ""}
-    text = message.get("text")
-    files = message.get("files")
-    return {
-        "text": text if isinstance(text, str) else "",
-        "files": [f for f in files if isinstance(f, str)] if isinstance(files, list) else [],
-    }

@@ -62,15 +62,17 @@ def box_idle(**value: Any) -> gr.MultimodalTextbox:
     return gr.MultimodalTextbox(**value, **IDLE)
 
 
-def as_sent(message: Any) -> tuple[str, tuple[str, ...]]:
-    """A box's message as text and file paths, whatever the page or an API client sent."""
+def plain_message(message: Any) -> dict[str, Any]:
+    """A message as the page sends it ({"text": str, "files": [str]}), whatever the API sent:
+    other types are taken as no text and no files, never passed on to fail deeper."""
     if not isinstance(message, dict):
-        return "", ()
-    text, files = message.get("text"), message.get("files")
-    return (
-        text if isinstance(text, str) else "",
-        tuple(f for f in files if isinstance(f, str)) if isinstance(files, list) else (),
-    )
+        message = {"text": message if isinstance(message, str) else ""}
+    text = message.get("text")
+    files = message.get("files")
+    return {
+        "text": text if isinstance(text, str) else "",
+        "files": [f for f in files if isinstance(f, str)] if isinstance(files, list) else [],
+    }
 
 
 def forget_sent(visit: Visit | None, view: str) -> None:
@@ -90,7 +92,7 @@ def settled_box(view: str) -> Callable[[Any, Visit | None], gr.MultimodalTextbox
 
     def settle(message: Any, visit: Visit | None) -> gr.MultimodalTextbox:
         sent = visit.sent.pop(view, None) if visit is not None else None
-        if sent is not None and as_sent(message) == as_sent(sent) != ("", ()):
+        if sent is not None and plain_message(message) == plain_message(sent):
             return box_idle(value=None)
         return box_idle()
 
