@@ -646,6 +646,8 @@ def test_an_engine_failure_mid_answer_keeps_the_conversation_and_the_model_comes
     set_max_tokens(page, "chat", 4096)
     send(page, "Tell me everything.")
     wait_until_answering(page, answers=2, timeout_s=60)
+    # Mid-answer: a kill after the answer's end is noticed only by the next message.
+    assert factory.streaming[TINY_A] == 1, f"the answer had ended before the kill: {factory.sampled[-1]}"
     os.kill(factory.engines[TINY_A].process_ids[0], signal.SIGKILL)
     notice = poll(lambda: warning(page), 30)
     assert "Traceback" not in notice and "/" not in notice.replace("n/a", "")

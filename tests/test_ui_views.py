@@ -495,13 +495,21 @@ def test_a_prompt_set_runs_across_two_models_into_a_grid_stops_resumes_exports_a
     # Run, stop part-way, and resume: the answers kept are not asked again.
     stop = page.locator("#grid-stop")
     assert stop.is_disabled()  # nothing to stop yet: a red Stop on an idle grid looked live
-    page.click("#grid-run")
-    poll(lambda: grid_done(page) >= 2, 240)
-    assert stop.is_enabled()
-    page.click("#grid-stop")
-    stopped = poll(
-        lambda: "Stopped with" in page.inner_text("#grid-notice") and page.inner_text("#grid-notice"), 120
-    )
+    # Two answers go on and the rest wait, so that the run is caught part-way on any machine (a
+    # busy one drew a whole run between two looks at the progress bar).
+    factory = served[2]
+    factory.hold_after(2)
+    try:
+        page.click("#grid-run")
+        poll(lambda: grid_done(page) >= 2, 240)
+        assert stop.is_enabled()
+        page.click("#grid-stop")
+        stopped = poll(
+            lambda: "Stopped with" in page.inner_text("#grid-notice") and page.inner_text("#grid-notice"),
+            120,
+        )
+    finally:
+        factory.release()
     kept = int(stopped.split("Stopped with ")[1].split()[0])
     assert 2 <= kept < 12, stopped
     poll(stop.is_disabled, 10)

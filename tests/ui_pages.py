@@ -10,9 +10,13 @@ nonsense, so the tests check what the app does around them.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -55,21 +59,51 @@ class RecordingFactory(VllmEngineFactory):
         super().__init__(settings)
         self.engines: dict[str, Any] = {}
         self.asked: list[Any] = []  # the messages of every request, in order
+        self.sampled: list[SamplingSettings] = []  # and the sampling each was sent with
+        self.streaming: Counter[str] = Counter()  # answers in flight, by model key
         # A test whose answers go at the app's own length (the arena has no length control: 512
         # tokens, each streamed into the page) may cap them; None: as asked.
         self.max_tokens_cap: int | None = None
+        # `hold_after`: answers past the first few wait, before their first token, until released
+        # (a test that must catch a run part-way, on a machine of any speed).
+        self._let_through: int | None = None
+        self._released = threading.Event()
+        self._released.set()
+
+    def hold_after(self, answers: int) -> None:
+        """The next `answers` answers go on; any asked after them wait until `release`."""
+        self._let_through = answers
+        self._released.clear()
+
+    def release(self) -> None:
+        self._let_through = None
+        self._released.set()
 
     async def build(self, card: Any, report: Callable[[str], None], devices: tuple[int, ...] = (0,)) -> Any:
         engine = await super().build(card, report, devices)
         generate = engine.generate
 
-        def to_max_tokens(card: Any, messages: Any, sampling: SamplingSettings, request_id: str) -> Any:
+        async def to_max_tokens(
+            card: Any, messages: Any, sampling: SamplingSettings, request_id: str
+        ) -> AsyncIterator[Any]:
             self.asked.append(messages)
             if card.key not in SEEING_MODELS:  # the trained models' answers end where they end them
                 sampling = replace(sampling, ignore_eos=True)
             if (cap := self.max_tokens_cap) is not None:  # sampling is filled in by now
                 sampling = replace(sampling, max_tokens=min(sampling.max_tokens or cap, cap))
-            return generate(card, messages, sampling, request_id)
+            self.sampled.append(sampling)
+            held = self._let_through is not None and self._let_through <= 0
+            if self._let_through is not None:
+                self._let_through -= 1
+            self.streaming[card.key] += 1
+            try:
+                while held and not self._released.is_set():
+                    await asyncio.sleep(0.05)
+                async with contextlib.aclosing(generate(card, messages, sampling, request_id)) as parts:
+                    async for part in parts:
+                        yield part
+            finally:
+                self.streaming[card.key] -= 1
 
         engine.generate = to_max_tokens
         self.engines[card.key] = engine
