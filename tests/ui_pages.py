@@ -61,6 +61,7 @@ class RecordingFactory(VllmEngineFactory):
         self.asked: list[Any] = []  # the messages of every request, in order
         self.sampled: list[SamplingSettings] = []  # and the sampling each was sent with
         self.streaming: Counter[str] = Counter()  # answers in flight, by model key
+        self.streamed: Counter[str] = Counter()  # pieces of answers handed on, by model key
         # A test whose answers go at the app's own length (the arena has no length control: 512
         # tokens, each streamed into the page) may cap them; None: as asked.
         self.max_tokens_cap: int | None = None
@@ -101,6 +102,7 @@ class RecordingFactory(VllmEngineFactory):
                     await asyncio.sleep(0.05)
                 async with contextlib.aclosing(generate(card, messages, sampling, request_id)) as parts:
                     async for part in parts:
+                        self.streamed[card.key] += 1
                         yield part
             finally:
                 self.streaming[card.key] -= 1
