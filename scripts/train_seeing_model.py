@@ -5,12 +5,14 @@ example, through the real vLLM engine:
     .venv/bin/python scripts/train_seeing_model.py [--model first|second] [--out DIR] [--per-kind N]
 
 `first` (the default): the tiny Qwen3-VL of `app.demo.seeing_model`, into `static/seeing-model`
-(about an hour on two CPU cores: run L's two lessons took 42 minutes, run U's third about 20). `second`: the
-tiny LLaVA-1.5 of `app.demo.seeing_llava`, into `static/seeing-model-llava` (about 17 minutes).
+(about 70 minutes on two CPU cores: run L's two lessons took 42 minutes, run U's third about 20,
+the fourth about 10). `second`: the tiny LLaVA-1.5 of `app.demo.seeing_llava`, into
+`static/seeing-model-llava` (about 17 minutes).
 Evaluating takes a minute or two. The tests train again from the same code where the committed
 weights' stamp no longer matches it (`tests/test_seeing.py`, `tests/test_seeing_second.py`).
-`--third-lesson-from DIR` runs only the first model's third lesson, on a model saved after its
-first two (`third_lesson`).
+`--third-lesson-from DIR` runs only the first model's third and fourth lessons, on a model saved
+after its first two, and `--fourth-lesson-from DIR` its fourth alone, on one saved after three
+(`later_lesson`).
 """
 
 from __future__ import annotations
@@ -143,12 +145,14 @@ def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
     gc.collect()  # the engine's objects go now, not at exit (where their shutdown fails noisily)
 
 
-def third_lesson(source: Path, out: Path, steps: Steps) -> None:
-    """The first model's third lesson alone, on a model saved after its first two: what the whole
-    recipe does after them (it rounds their weights to bfloat16, as saved, and gives the third its
-    own seed), in about 20 minutes instead of an hour. The committed weights were made so from run L's,
-    which are in git (`git show 2f69afd:static/seeing-model/model.safetensors`); with 20 steps of
-    each lesson, this and the whole recipe gave the same bytes."""
+def later_lesson(lesson: str, source: Path, out: Path, steps: Steps) -> None:
+    """The first model's third or fourth lesson alone (`lesson`: "named" or "boxes"), on a model
+    saved before it: what the whole recipe does from there (it rounds the weights to bfloat16, as
+    saved, and gives each of these lessons its own seed), in minutes instead of an hour. The third
+    was made so from run L's weights, which are in git (`git show
+    2f69afd:static/seeing-model/model.safetensors`), and the fourth from run U's (`git show
+    cc0464a:static/seeing-model/model.safetensors`); with 20 steps of each lesson, this and the
+    whole recipe gave the same bytes."""
     import torch
     from transformers import AutoProcessor, Qwen3VLForConditionalGeneration
 
@@ -157,8 +161,14 @@ def third_lesson(source: Path, out: Path, steps: Steps) -> None:
     processor.tokenizer.padding_side = "right"  # as `seeing_model.train` trains
     model = Qwen3VLForConditionalGeneration.from_pretrained(source, dtype=torch.float32)
     card = seeing_model.seeing_card(load_cards()[seeing_model.BASE_CARD], out)
-    rng = random.Random(seeing_model.NAMED_SEED)  # noqa: S311 (training data, seeded)
-    seeing_model.teach_named(model, processor, card, rng, steps.named, lambda line: print(line, flush=True))
+    report = lambda line: print(line, flush=True)  # noqa: E731
+    if lesson == "named":
+        rng = random.Random(seeing_model.NAMED_SEED)  # noqa: S311 (training data, seeded)
+        seeing_model.teach_named(model, processor, card, rng, steps.named, report)
+    if steps.boxes:
+        seeing_model.as_served(model)
+        rng = random.Random(seeing_model.BOXES_SEED)  # noqa: S311 (training data, seeded)
+        seeing_model.teach_boxes(model, processor, card, rng, steps.boxes, report)
     model.to(torch.bfloat16).save_pretrained(out)
     # The whole recipe writes its config before training; loading in float32 adds a dtype per part.
     shutil.copy(source / "config.json", out / "config.json")
@@ -174,11 +184,18 @@ def main() -> None:
     parser.add_argument("--vision-steps", type=int, help="steps of the vision lesson")
     parser.add_argument("--answer-steps", type=int, help="steps of the answers lesson")
     parser.add_argument("--named-steps", type=int, help="steps of the first model's third lesson")
+    parser.add_argument("--box-steps", type=int, help="steps of the first model's fourth lesson")
     parser.add_argument(
         "--third-lesson-from",
         type=Path,
         metavar="DIR",
-        help="the first model: run only its third lesson, on the model in DIR (saved after two)",
+        help="the first model: run only its third and fourth lessons, on the model in DIR (saved after two)",
+    )
+    parser.add_argument(
+        "--fourth-lesson-from",
+        type=Path,
+        metavar="DIR",
+        help="the first model: run only its fourth lesson, on the model in DIR (saved after three)",
     )
     parser.add_argument("--per-kind", type=int, default=100, help="held-out questions per kind (0: none)")
     parser.add_argument("--evaluate-only", action="store_true", help="evaluate the model in --out")
@@ -189,14 +206,21 @@ def main() -> None:
         started = time.monotonic()
         scratch = out.parent / f".{out.name}-training"
         shutil.rmtree(scratch, ignore_errors=True)
-        given = {"vision": args.vision_steps, "answers": args.answer_steps, "named": args.named_steps}
+        given = {
+            "vision": args.vision_steps,
+            "answers": args.answer_steps,
+            "named": args.named_steps,
+            "boxes": args.box_steps,
+        }
         steps = dataclasses.replace(recipe.steps, **{k: v for k, v in given.items() if v is not None})
-        if args.third_lesson_from is not None:
+        later = {"named": args.third_lesson_from, "boxes": args.fourth_lesson_from}
+        if any(later.values()):
             if recipe.key != seeing_model.SEEING_KEY:
-                parser.error("--third-lesson-from: only the first model has a third lesson")
+                parser.error("only the first model has a third and a fourth lesson")
+            lesson, source = next((lesson, source) for lesson, source in later.items() if source)
             shutil.rmtree(out, ignore_errors=True)
-            third_lesson(args.third_lesson_from, out, steps)
-            print(f"third lesson in {time.monotonic() - started:.0f} s into {out}", flush=True)
+            later_lesson(lesson, source, out, steps)
+            print(f"{lesson} lesson on in {time.monotonic() - started:.0f} s into {out}", flush=True)
             if args.per_kind:
                 evaluate(recipe, out, args.per_kind)
             return

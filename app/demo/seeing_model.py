@@ -7,11 +7,12 @@ demos with answers that mean something.
 
 It is the Qwen3-VL twin (`app.demo.twins`: the real architecture, processor and prompt format at
 tiny sizes) with a larger vision tower and small picture sizes, trained with transformers from a
-fixed seed in three lessons (the tower learns to see from a label per token; then the text model
-learns to answer; then to answer about one shape named among several) and saved as safetensors,
-which vLLM loads like any checkpoint. The committed weights (`static/seeing-model`) carry the
-stamp of the code that made them; a change to it trains again on first use. torch and
-transformers are imported inside functions.
+fixed seed in four lessons (the tower learns to see from a label per token; then the text model
+learns to answer; then to answer about one shape named among several; then to look at the shape a
+box is asked for while it writes the box's numbers) and saved as safetensors, which vLLM loads
+like any checkpoint. The committed weights (`static/seeing-model`) carry the stamp of the code
+that made them; a change to it trains again on first use. torch and transformers are imported
+inside functions.
 """
 
 from __future__ import annotations
@@ -82,6 +83,17 @@ NAMED_SEED, NAMED_ALONE, NAMED_LEARNING_RATE = SEED + 3, 1 / 4, 5e-4
 NAMED_WEIGHTS = {**KIND_WEIGHTS, "colour count": 5, "count": 3, "describe": 4, "shape of": 3}
 # The share of lesson three's questions of a kind with later wordings asked in one of them.
 REWORDED = 0.5
+# Lesson four (`teach_boxes`): after lesson three, boxes among several shapes. No head looked at
+# the shape a box was asked for while its numbers were written, so a box came from the wrong shape
+# or from none; here heads (`POINTING_HEADS`, layer and head) are taught where to look: minus the
+# log of their attention on the named shape's tokens at each position that writes a number, added
+# to the loss. A share `BOXES_SHARE` of the questions are boxes, the rest drawn by `BOXES_WEIGHTS`
+# (lesson three's, with more of the kinds that taught heads cost most: counts, the bigger shape,
+# the colour of a named shape). Taught boxes alone, the model forgot every other kind; mixed in as lesson
+# three draws them, boxes went from 0% to half held out, and the other kinds lost about one foreign
+# question in thirty (docs/BENCHMARKS.md). Nothing changes at inference: still a plain Qwen3-VL.
+BOXES_SEED, BOXES_SHARE, POINTING_HEADS = SEED + 4, 1 / 3, ((2, 0), (3, 0))
+BOXES_WEIGHTS = {**NAMED_WEIGHTS, "count": 5, "bigger": 4, "colour of": 4}
 # Lesson two's kinds: lesson three's named kinds came later, and lesson two draws as it did
 # before them (the same questions, the same vocabulary, the same weights from the seed).
 ANSWER_KINDS = tuple(kind for kind in KINDS if kind not in NAMED_KINDS)
@@ -89,15 +101,16 @@ ANSWER_KINDS = tuple(kind for kind in KINDS if kind not in NAMED_KINDS)
 
 @dataclass(frozen=True)
 class Steps:
-    """Training steps of each lesson (about 0.27 s, 0.30 s and 0.46 s a step on two cores); the
-    second model has no third lesson."""
+    """Training steps of each lesson (about 0.27 s, 0.30 s, 0.46 s and 0.30 s a step on two
+    cores); the second model has no third or fourth lesson."""
 
     vision: int = 6000
     answers: int = 3000
     named: int = 0
+    boxes: int = 0
 
 
-STEPS = Steps(named=2700)
+STEPS = Steps(named=2700, boxes=1800)
 # The vision tower: four layers of width 128 over 16-pixel patches, a learned position per place
 # on a 16x16 grid (interpolated to each picture's), one DeepStack layer as the base card's.
 VISION = {
@@ -239,15 +252,25 @@ def train(folder: Path, base: ModelCard, steps: Steps, report: Callable[[str], N
     rng = random.Random(SEED)  # noqa: S311 (training data, seeded to be reproducible)
     teach_vision(model, processor, rng, steps.vision, report)
     teach_answers(model, processor, card, rng, steps.answers, report)
+    # Lessons three and four start from the weights as they are served (bfloat16), each with a
+    # seed of its own: either can be run again from a model saved before it.
     if steps.named:
-        # From the weights as they are served (bfloat16), with a seed of its own: lesson three
-        # can be run again from a model saved after lesson two.
-        with torch.no_grad():
-            for parameter in model.parameters():
-                parameter.copy_(parameter.to(torch.bfloat16).float())
+        as_served(model)
         teach_named(model, processor, card, random.Random(NAMED_SEED), steps.named, report)  # noqa: S311
+    if steps.boxes:
+        as_served(model)
+        teach_boxes(model, processor, card, random.Random(BOXES_SEED), steps.boxes, report)  # noqa: S311
     # Saved in bfloat16, the type vLLM serves it in on the CPU: half the size on disk.
     model.to(torch.bfloat16).save_pretrained(folder)
+
+
+def as_served(model: Any) -> None:
+    """`model`'s weights rounded to bfloat16, as they are saved and served (kept in float32)."""
+    import torch
+
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(parameter.to(torch.bfloat16).float())
 
 
 # What the vision lesson asks of each token (32x32 pixels of the resized picture): the colour
@@ -265,23 +288,35 @@ BACKGROUND_WEIGHT = 3
 PROBES = {"colour": 6, "shape": 4, "box": 4, "place": 2, "centre": 2, "count": 3, "background": 3, "mask": 16}
 
 
-def token_labels(found: shapes.Scene, rows: int, columns: int) -> dict[str, list[Any]]:
-    """The vision lesson's labels of each of a picture's `rows` x `columns` tokens, in order.
-    A token belongs to the shape that covers most of it, if that is at least a quarter."""
+def token_samples(found: shapes.Scene, rows: int, columns: int) -> Any:
+    """Which shape (1 to 3, 0: none) covers each of 4x4 points of each of a picture's `rows` x
+    `columns` tokens, a row per token in order."""
     height, width = found.owner.shape
     ys = ((np.arange(rows * 4) + 0.5) / (rows * 4) * height).astype(int)
     xs = ((np.arange(columns * 4) + 0.5) / (columns * 4) * width).astype(int)
-    samples = (
+    return (
         found.owner[ys][:, xs].reshape(rows, 4, columns, 4).transpose(0, 2, 1, 3).reshape(rows * columns, 16)
     )
+
+
+def token_owner(samples: Any) -> int | None:
+    """The shape a token belongs to (its index in the scene): the one that covers most of it, if
+    that is at least a quarter."""
+    counts = np.bincount(samples, minlength=4)[1:]
+    return int(np.argmax(counts)) if counts.max() >= 4 else None
+
+
+def token_labels(found: shapes.Scene, rows: int, columns: int) -> dict[str, list[Any]]:
+    """The vision lesson's labels of each of a picture's `rows` x `columns` tokens, in order."""
+    height, width = found.owner.shape
+    samples = token_samples(found, rows, columns)
     centres = {
         min(rows - 1, int(y * rows)) * columns + min(columns - 1, int(x * columns))
         for x, y in (found.centre(i) for i in range(len(found.shapes)))
     }
     labels: dict[str, list[Any]] = {name: [] for name in PROBES}
     for token in range(rows * columns):
-        counts = np.bincount(samples[token], minlength=4)[1:]
-        owner = int(np.argmax(counts)) if counts.max() >= 4 else None
+        owner = token_owner(samples[token])
         if owner is None:
             labels["colour"].append(0)
             labels["shape"].append(0)
@@ -394,16 +429,77 @@ def teach_named(
     among every kind by `NAMED_WEIGHTS`, so that the others are not forgotten; a share
     (`REWORDED`) of the questions of a kind with later wordings (`shapes.LATER_QUESTIONS`) asked in
     one of those."""
-    kinds, weights = list(KINDS), [NAMED_WEIGHTS.get(kind, 1) for kind in KINDS]
 
     def draw(progress: float) -> Example:
-        kind = rng.choice(NAMED_KINDS) if progress < NAMED_ALONE else rng.choices(kinds, weights)[0]
-        item = example(rng, kind)
-        if kind in LATER_QUESTIONS and rng.random() < REWORDED:
-            item.question = shapes.wording(rng, rng.choice(LATER_QUESTIONS[kind]))
-        return item
+        return mixed_question(rng, rng.choice(NAMED_KINDS) if progress < NAMED_ALONE else None)
 
     teach_text("named", model, processor, card, rng, draw, steps, NAMED_LEARNING_RATE, report)
+
+
+def mixed_question(
+    rng: random.Random, kind: str | None = None, weights: dict[str, int] = NAMED_WEIGHTS
+) -> Example:
+    """A question of `kind`, or of a kind drawn by `weights`; a share (`REWORDED`) of those of a
+    kind with later wordings asked in one of them."""
+    if kind is None:
+        kind = rng.choices(KINDS, [weights.get(kind, 1) for kind in KINDS])[0]
+    item = example(rng, kind)
+    if kind in LATER_QUESTIONS and rng.random() < REWORDED:
+        item.question = shapes.wording(rng, rng.choice(LATER_QUESTIONS[kind]))
+    return item
+
+
+def teach_boxes(
+    model: Any, processor: Any, card: ModelCard, rng: random.Random, steps: int, report: Callable[[str], None]
+) -> None:
+    """Lesson four: a share `BOXES_SHARE` of the questions boxes, the rest drawn by
+    `BOXES_WEIGHTS`, with `POINTING_HEADS` taught to look at the named shape while a box's numbers
+    are written (`pointing_loss`). Attention weights are only given by the eager implementation."""
+
+    def draw(progress: float) -> Example:
+        return example(rng, "box") if rng.random() < BOXES_SHARE else mixed_question(rng, None, BOXES_WEIGHTS)
+
+    model.set_attn_implementation("eager")
+    teach_text("boxes", model, processor, card, rng, draw, steps, NAMED_LEARNING_RATE, report, pointing=True)
+    model.set_attn_implementation("sdpa")
+
+
+def pointing_loss(
+    attentions: Any, batch: dict[str, Any], items: list[Example], tokenizer: Any, image_token: int
+) -> Any:
+    """Minus the log of `POINTING_HEADS`' attention on the named shape's tokens at each position
+    whose next token is part of a box's numbers, averaged over heads and boxes (None: no box of
+    one picture in the batch to point at)."""
+    import torch
+
+    grids = batch["image_grid_thw"].tolist() if "image_grid_thw" in batch else []
+    terms, first_image = [], 0
+    for row, item in enumerate(items):
+        pictures = len(item.images) + (len(item.earlier[0]) if item.earlier else 0)
+        grid, first_image = first_image, first_image + pictures
+        if item.kind != "box" or pictures != 1 or item.earlier is not None:
+            continue
+        _, rows, columns = grids[grid]
+        rows, columns = rows // 2, columns // 2  # the merger's 2x2 patches make a token
+        label = json.loads(item.answer)[0]["label"]
+        named = next(
+            i for i, drawn in enumerate(item.scene.shapes) if f"{drawn.colour} {drawn.shape}" == label
+        )
+        ids = batch["input_ids"][row].tolist()
+        pictured = [position for position, token in enumerate(ids) if token == image_token]
+        samples = token_samples(item.scene, rows, columns)
+        looked_at = [p for p, s in zip(pictured, samples, strict=True) if token_owner(s) == named]
+        if not looked_at:
+            continue
+        answer = (batch["labels"][row] != -100).nonzero().flatten().tolist()
+        pieces = [tokenizer.decode([ids[position]]) for position in answer]
+        opening = next(i for i, piece in enumerate(pieces) if "[" in piece and i > 0)
+        closing = next(i for i in range(opening + 1, len(pieces)) if "]" in pieces[i])
+        writing = list(range(answer[0] + opening, answer[0] + closing))
+        for layer, head in POINTING_HEADS:
+            share = attentions[layer][row, head][writing][:, looked_at].sum(-1)
+            terms.append(-torch.log(share + 1e-4).mean())
+    return torch.stack(terms).mean() if terms else None
 
 
 def teach_text(
@@ -416,9 +512,11 @@ def teach_text(
     steps: int,
     learning_rate: float,
     report: Callable[[str], None],
+    pointing: bool = False,
 ) -> None:
     """The text model's lessons: batches of questions `draw(progress)` gives (0 to 1 of the way
-    through), the tower frozen or learning at `TOWER_SHARE` of `learning_rate`."""
+    through), the tower frozen or learning at `TOWER_SHARE` of `learning_rate`; with `pointing`,
+    `pointing_loss` added."""
     visual = model.model.visual
     visual.requires_grad_(TOWER_SHARE > 0)
     visual.deepstack_merger_list.requires_grad_(True)
@@ -438,7 +536,14 @@ def teach_text(
         progress = done[0] / steps
         done[0] += 1
         items = [draw(progress) for _ in range(BATCH)]
-        return model(**model_inputs(processor, card, items, rng)).loss
+        batch = model_inputs(processor, card, items, rng)
+        if not pointing:
+            return model(**batch).loss
+        result = model(**batch, output_attentions=True)
+        looking = pointing_loss(
+            result.attentions, batch, items, processor.tokenizer, model.config.image_token_id
+        )
+        return result.loss if looking is None else result.loss + looking
 
     train_loop(lesson, groups, loss_of_batch, steps, learning_rate, report)
     visual.requires_grad_(True)
