@@ -130,6 +130,8 @@ def test_the_chat_api_streams_through_gradio_client(
     message = {"text": "Describe the picture.", "files": [handle_file(str(EXAMPLES / "bar_chart.png"))]}
     job = client.submit(message, TINY_A, "", 0.0, 1.0, 24, 7, api_name="/chat")
     updates = list(job)
+    # (once, under a loaded machine, the job ended with no update at all: say how it ended)
+    assert updates, f"no update from /chat; the job ended: {job.status()}, {job.exception()!r}"
     assert len(updates) >= 2 and updates[-1] and all(updates[-1].startswith(u) for u in updates)
     # Several pictures in one message, as the page takes them: each reaches the model.
     pictures = [handle_file(str(EXAMPLES / name)) for name in ("bar_chart.png", "shapes.png")]
