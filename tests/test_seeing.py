@@ -63,7 +63,7 @@ FOREIGN = Path(__file__).resolve().parent / "data" / "foreign-shapes"
 # to it in a strict xfail test of its own, which fails as soon as that kind reaches it, so that
 # these sets shrink to nothing. Meanwhile each may not fall below the share given here, which lets
 # the committed weights (run Z, 2026-11-29: run U's with a fourth lesson, 1,800 steps of boxes, a
-# third of the questions, with heads taught to look at the shape named while a box is written, and
+# third of the questions and more among the rest, with heads taught to look at the shape named while a box is written, and
 # every other kind mixed in; the answers do not change from run to run) miss one question more
 # than they do, so that a training that trades one kind for another says so. Held out (36 each: 24
 # of seed 7 and 12 of seed 11): counts 30 (run U 31), counts of a colour 27 (25), descriptions 24

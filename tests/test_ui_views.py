@@ -498,12 +498,13 @@ def test_a_prompt_set_runs_across_two_models_into_a_grid_stops_resumes_exports_a
     stop = page.locator("#grid-stop")
     assert stop.is_disabled()  # nothing to stop yet: a red Stop on an idle grid looked live
     # Two answers go on and the rest wait, so that the run is caught part-way on any machine (a
-    # busy one drew a whole run between two looks at the progress bar).
+    # busy one drew a whole run between two looks at the progress bar). The bar counts the clip
+    # refused up front as done: three is the two answers and it.
     factory = served[2]
     factory.hold_after(2)
     try:
         page.click("#grid-run")
-        poll(lambda: grid_done(page) >= 2, 240)
+        poll(lambda: grid_done(page) >= 3, 240)
         assert stop.is_enabled()
         page.click("#grid-stop")
         stopped = poll(
@@ -513,7 +514,7 @@ def test_a_prompt_set_runs_across_two_models_into_a_grid_stops_resumes_exports_a
     finally:
         factory.release()
     kept = int(stopped.split("Stopped with ")[1].split()[0])
-    assert 2 <= kept < 12, stopped
+    assert kept == 2, stopped
     poll(stop.is_disabled, 10)
     page.click("#grid-run")
     poll(lambda: "11 of 12 answers, 1 refused or failed" in page.inner_text("#grid-progress"), 300)

@@ -70,15 +70,28 @@ class RecordingFactory(VllmEngineFactory):
         self._let_through: int | None = None
         self._released = threading.Event()
         self._released.set()
+        self._gate = threading.Lock()  # the test's thread releases, the server's loop counts
 
     def hold_after(self, answers: int) -> None:
-        """The next `answers` answers go on; any asked after them wait until `release`."""
-        self._let_through = answers
-        self._released.clear()
+        """The next `answers` answers go on; any asked after them wait until `release`. A held
+        answer has not reached vLLM, so an abort (Stop, a drain) only takes once it is released:
+        release before anything waits for the engine to empty."""
+        with self._gate:
+            self._let_through = answers
+            self._released.clear()
 
     def release(self) -> None:
-        self._let_through = None
-        self._released.set()
+        with self._gate:
+            self._let_through = None
+            self._released.set()
+
+    def _held(self) -> bool:
+        """Whether an answer asked now waits for `release`."""
+        with self._gate:
+            if self._let_through is None:
+                return False
+            self._let_through -= 1
+            return self._let_through < 0
 
     async def build(self, card: Any, report: Callable[[str], None], devices: tuple[int, ...] = (0,)) -> Any:
         engine = await super().build(card, report, devices)
@@ -93,9 +106,7 @@ class RecordingFactory(VllmEngineFactory):
             if (cap := self.max_tokens_cap) is not None:  # sampling is filled in by now
                 sampling = replace(sampling, max_tokens=min(sampling.max_tokens or cap, cap))
             self.sampled.append(sampling)
-            held = self._let_through is not None and self._let_through <= 0
-            if self._let_through is not None:
-                self._let_through -= 1
+            held = self._held()
             self.streaming[card.key] += 1
             try:
                 while held and not self._released.is_set():
