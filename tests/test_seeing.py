@@ -59,17 +59,17 @@ PER_KIND, FLOOR = 24, 0.9
 # Pictures drawn by other code (OpenCV, `scripts/make_foreign_eval.py`); every other one is asked.
 FOREIGN = Path(__file__).resolve().parent / "data" / "foreign-shapes"
 # Issue 29 is not done: these kinds are below the floor on the held-out questions, on the foreign
-# pictures and in wordings training never uses (docs/BENCHMARKS.md has the figures). Each is held
-# to it in a strict xfail test of its own, which fails as soon as that kind reaches it, so that
-# these sets shrink to nothing. Meanwhile each may not fall below the share given here, which lets
-# the committed weights (run Z, 2026-11-29: run U's with a fourth lesson, 1,800 steps of boxes, a
-# third of the questions and more among the rest, with heads taught to look at the shape named while a box is written, and
-# every other kind mixed in; the answers do not change from run to run) miss one question more
-# than they do, so that a training that trades one kind for another says so. Held out (36 each: 24
-# of seed 7 and 12 of seed 11): counts 30 (run U 31), counts of a colour 27 (25), descriptions 24
-# (22), boxes 11 (3), the kind of a shape named by its colour 31 (31). On the foreign pictures
-# asked (every other one): counts 21/25 (U 22), counts of a colour 11/13 (9), descriptions 6/13
-# (8), boxes 5/12 (2).
+# pictures and in wordings training never uses (docs/BENCHMARKS.md has the figures). Each is held to
+# it in a strict xfail test of its own, which fails as soon as that kind reaches it, so that these
+# sets shrink to nothing. Meanwhile each may not fall below the share given here, which lets the
+# committed weights (run Z, 2026-11-29: run U's with a fourth lesson, 1,800 steps of boxes, a third
+# of the questions and more among the rest, with heads taught to look at the shape named while a box
+# is written, and every other kind mixed in; the answers do not change from run to run) miss one
+# question more than they do, so that a training that trades one kind for another says so. Held out
+# (36 each: 24 of seed 7 and 12 of seed 11): counts 30 (run U 31), counts of a colour 27 (25),
+# descriptions 24 (22), boxes 11 (3), the kind of a shape named by its colour 31 (31). On the
+# foreign pictures asked (every other one): counts 21/25 (U 22), counts of a colour 11/13 (9),
+# descriptions 6/13 (8), boxes 5/12 (2).
 BELOW_FLOOR = {
     "count": 0.80,
     "colour count": 0.72,
