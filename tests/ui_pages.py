@@ -67,9 +67,7 @@ class RecordingFactory(VllmEngineFactory):
         self.max_tokens_cap: int | None = None
         # `hold_after`: answers past the first few wait, before their first token, until released
         # (a test that must catch a run part-way, on a machine of any speed).
-        self._let_through: int | None = None
-        self._released = threading.Event()
-        self._released.set()
+        self._let_through: int | None = None  # None: none held
         self._gate = threading.Lock()  # the test's thread releases, the server's loop counts
 
     def hold_after(self, answers: int) -> None:
@@ -78,12 +76,10 @@ class RecordingFactory(VllmEngineFactory):
         release before anything waits for the engine to empty."""
         with self._gate:
             self._let_through = answers
-            self._released.clear()
 
     def release(self) -> None:
         with self._gate:
             self._let_through = None
-            self._released.set()
 
     def _held(self) -> bool:
         """Whether an answer asked now waits for `release`."""
@@ -109,7 +105,7 @@ class RecordingFactory(VllmEngineFactory):
             held = self._held()
             self.streaming[card.key] += 1
             try:
-                while held and not self._released.is_set():
+                while held and self._let_through is not None:
                     await asyncio.sleep(0.05)
                 async with contextlib.aclosing(generate(card, messages, sampling, request_id)) as parts:
                     async for part in parts:
