@@ -29,7 +29,7 @@ from app.domain.conversation import (
     sent_media,
     user_message,
 )
-from app.domain.replies import Reply
+from app.domain.replies import Reply, until_stopped
 from app.engines.base import EngineError
 from app.media.loading import MediaError, VideoDecoderPool
 
@@ -252,3 +252,42 @@ def test_the_engine_gets_the_whole_conversation_in_order(decoder: VideoDecoderPo
 def test_only_our_own_errors_reach_the_user():
     assert user_message(EngineError("The model failed to load.")) == "The model failed to load."
     assert user_message(KeyError("/srv/app/secret/path")) == INTERNAL_ERROR
+
+
+def test_a_stop_takes_while_the_stream_waits_and_closes_it():
+    """The chat looked at its Stop only when a piece of the answer came: pressed while the engine
+    handed on nothing (a long first token, a video's prefill, a busy engine), it took only at
+    the next piece. `until_stopped` looks while it waits too, and cancels the wait inside the
+    stream, which closes it (as the page's Stop closes the manager's stream: its request aborted)."""
+    closed: list[str] = []
+    stop = {"pressed": False}
+
+    async def stalls_after_two() -> Any:
+        try:
+            yield "a"
+            yield "b"
+            await asyncio.sleep(3600)  # an engine that hands on nothing for now
+            yield "never"
+        finally:
+            closed.append("closed")
+
+    async def consume() -> list[str]:
+        got = []
+        async for piece in until_stopped(stalls_after_two(), lambda: stop["pressed"], every_s=0.01):
+            got.append(piece)
+            if piece == "b":
+                asyncio.get_running_loop().call_later(0.05, stop.update, {"pressed": True})
+        return got
+
+    assert asyncio.run(asyncio.wait_for(consume(), 5)) == ["a", "b"]
+    assert closed == ["closed"]
+
+    async def whole(pieces: int) -> list[int]:
+        async def counts() -> Any:
+            for piece in range(pieces):
+                await asyncio.sleep(0)
+                yield piece
+
+        return [piece async for piece in until_stopped(counts(), lambda: False, every_s=0.01)]
+
+    assert asyncio.run(whole(5)) == [0, 1, 2, 3, 4]

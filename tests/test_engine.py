@@ -7,6 +7,7 @@ Random weights print nonsense, so the tests assert on what the pipeline controls
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -23,6 +24,7 @@ from PIL import Image
 
 from app.catalog.cards import load_cards
 from app.config import Settings
+from app.domain.replies import until_stopped
 from app.engines.base import (
     EngineError,
     EngineFailure,
@@ -184,6 +186,37 @@ def test_closing_a_stream_aborts_its_request_and_the_engine_keeps_serving(loop, 
 
     received, unfinished, in_flight = loop.run(stop_after_three_deltas())
     assert (received, unfinished, in_flight) == (3, 0, 0)
+    after = loop.run(answer(manager, "tiny-a", ask("Still there?")))
+    assert after["end"].completion_tokens == FIXED.max_tokens
+
+
+@pytest.mark.parametrize("pressed_after_s", [0.0, 0.03])
+def test_a_stop_pressed_while_the_chat_waits_for_a_piece_aborts_the_request(loop, manager, pressed_after_s):
+    """The chat's Stop, looked at while it waits (`until_stopped`): pressed between two pieces,
+    it cancels the wait inside the stream; that must end the request in vLLM as closing does."""
+
+    async def stopped_mid_answer():
+        stream = manager.stream("tiny-a", ask("Tell me a long story"), replace(FIXED, max_tokens=2000))
+        pressed, received, ended = False, 0, False
+
+        def press() -> None:
+            nonlocal pressed
+            pressed = True
+
+        async with contextlib.aclosing(stream):
+            async for event in until_stopped(stream, lambda: pressed, every_s=0.005):
+                ended = ended or isinstance(event, StreamEnd)
+                if isinstance(event, TextDelta):
+                    received += 1
+                    if received == 3:
+                        asyncio.get_running_loop().call_later(pressed_after_s, press)
+        for _ in range(50):
+            if manager.unfinished_requests("tiny-a") == 0:
+                break
+            await asyncio.sleep(0.05)
+        return ended, manager.unfinished_requests("tiny-a"), manager.status("tiny-a").in_flight
+
+    assert loop.run(stopped_mid_answer()) == (False, 0, 0)
     after = loop.run(answer(manager, "tiny-a", ask("Still there?")))
     assert after["end"].completion_tokens == FIXED.max_tokens
 

@@ -30,7 +30,7 @@ from app.config import Settings
 from app.demo.models import SECOND_FOLDER, SEEING_FOLDER, SEEING_MODELS
 from app.demo.seeing_llava import SECOND_BASE_CARD, SECOND_KEY, second_card
 from app.demo.seeing_model import BASE_CARD, SEEING_KEY, seeing_card
-from app.engines.base import SamplingSettings
+from app.engines.base import SamplingSettings, StreamEnd
 from app.engines.manager import EngineManager
 from app.engines.vllm_engine import VllmEngineFactory
 from app.media.loading import VideoDecoderPool
@@ -65,10 +65,13 @@ class RecordingFactory(VllmEngineFactory):
         # A test whose answers go at the app's own length (the arena has no length control: 512
         # tokens, each streamed into the page) may cap them; None: as asked.
         self.max_tokens_cap: int | None = None
+        self.endings: list[str] = []  # how each answer's stream ended: "ended" or "closed" before it
         # `hold_after`: answers past the first few wait, before their first token, until released
         # (a test that must catch a run part-way, on a machine of any speed).
         self._let_through: int | None = None  # None: none held
         self._gate = threading.Lock()  # the test's thread releases, the server's loop counts
+        # `pause_after`: each answer hands on this many pieces, then waits until released.
+        self._pieces_before_pause: int | None = None
 
     def hold_after(self, answers: int) -> None:
         """The next `answers` answers go on; any asked after them wait until `release`. A held
@@ -77,9 +80,18 @@ class RecordingFactory(VllmEngineFactory):
         with self._gate:
             self._let_through = answers
 
+    def pause_after(self, pieces: int) -> None:
+        """Answers asked from now hand on `pieces` pieces (fewer, if their end comes first), then
+        wait before the next until `release`: a test that must stop an answer mid-way, however
+        fast the engine writes it (a 4,096-token answer could end before the page's Stop was
+        pressed). The request stays in vLLM, which finishes it meanwhile; what the page can still
+        do is close the stream before its end (`endings`)."""
+        self._pieces_before_pause = pieces
+
     def release(self) -> None:
         with self._gate:
             self._let_through = None
+        self._pieces_before_pause = None
 
     def _held(self) -> bool:
         """Whether an answer asked now waits for `release`."""
@@ -102,17 +114,24 @@ class RecordingFactory(VllmEngineFactory):
             if (cap := self.max_tokens_cap) is not None:  # sampling is filled in by now
                 sampling = replace(sampling, max_tokens=min(sampling.max_tokens or cap, cap))
             self.sampled.append(sampling)
-            held = self._held()
+            held, pause_at = self._held(), self._pieces_before_pause
             self.streaming[card.key] += 1
+            ending, handed = "closed", 0
             try:
                 while held and self._let_through is not None:
                     await asyncio.sleep(0.05)
                 async with contextlib.aclosing(generate(card, messages, sampling, request_id)) as parts:
                     async for part in parts:
+                        pausing = pause_at is not None and (handed >= pause_at or isinstance(part, StreamEnd))
+                        while pausing and self._pieces_before_pause is not None:
+                            await asyncio.sleep(0.05)
                         self.streamed[card.key] += 1
+                        handed += 1
                         yield part
+                ending = "ended"
             finally:
                 self.streaming[card.key] -= 1
+                self.endings.append(ending)
 
         engine.generate = to_max_tokens
         self.engines[card.key] = engine

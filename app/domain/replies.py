@@ -5,18 +5,22 @@ manager's stream for the views, so chat and compare measure the same way.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from app.catalog.cards import ModelCard
 from app.engines.base import ModelState, ModelStatus, SamplingSettings, StreamEnd
 from app.engines.manager import EngineManager
 from app.storage.history import REPLY_FIELDS, ReplyRecord
 
+Piece = TypeVar("Piece")
+# How often a view waiting for the next piece of an answer looks at its Stop.
+STOP_CHECK_S = 0.2
 # States that say the answer is over.
 ENDED = {"done", "stopped", "failed"}
 # Why an answer ended early, as shown with it.
@@ -158,3 +162,37 @@ def stored_reply(stored: ReplyRecord, source: str, **details: Any) -> Reply:
     fields = {name: getattr(stored, name) for name in REPLY_FIELDS}
     fields["display_name"] = stored.display_name or stored.model
     return Reply(key=stored.model, source=source, **fields | details)
+
+
+async def until_stopped(
+    stream: AsyncIterator[Piece], stopped: Callable[[], bool], every_s: float = STOP_CHECK_S
+) -> AsyncIterator[Piece]:
+    """`stream`'s pieces until it ends or `stopped()` is true, looked at after each piece and every
+    `every_s` while the next is awaited: a Stop pressed while the engine hands on nothing (a long
+    first token, a video's prefill, a busy engine) takes at once, not at the next piece. Stopped
+    mid-wait, the wait is cancelled inside `stream`, which ends it as closing it would (a reply
+    stream then aborts its request in the engine)."""
+
+    async def next_piece() -> tuple[bool, Any]:
+        try:
+            return True, await anext(stream)
+        except StopAsyncIteration:  # (raised out of a task, it would read as an error)
+            return False, None
+
+    waiting: asyncio.Task[tuple[bool, Any]] | None = None
+    try:
+        while not stopped():
+            waiting = waiting or asyncio.ensure_future(next_piece())
+            done, _ = await asyncio.wait({waiting}, timeout=every_s)
+            if not done:
+                continue
+            more, piece = waiting.result()
+            waiting = None
+            if not more:
+                return
+            yield piece
+    finally:
+        if waiting is not None:
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting

@@ -31,7 +31,7 @@ from app.domain.conversation import (
     same_turns,
     sent_media,
 )
-from app.domain.replies import Reply
+from app.domain.replies import Reply, until_stopped
 from app.domain.sessions import Visit
 from app.engines.base import SamplingSettings, card_sampling
 from app.engines.tokens import context_length
@@ -221,9 +221,7 @@ class ChatView:
             async with contextlib.aclosing(
                 self.playground.reply_stream(card, messages, sampling, turn.reply)
             ) as replies:
-                async for _ in replies:
-                    if session.stop_requested or gone():
-                        break
+                async for _ in until_stopped(replies, lambda: session.stop_requested or gone()):
                     if not turn.reply.ended:  # its end is shown below, once stored
                         yield conversation(session), gr.skip(), notice, gr.skip()
         except Exception as error:
