@@ -291,3 +291,31 @@ def test_a_stop_takes_while_the_stream_waits_and_closes_it():
         return [piece async for piece in until_stopped(counts(), lambda: False, every_s=0.01)]
 
     assert asyncio.run(whole(5)) == [0, 1, 2, 3, 4]
+
+
+def test_a_tab_closed_while_a_stop_is_cleaned_up_still_ends_the_handler():
+    """A stop cancels the wait inside the stream and waits for it to close (its request's abort
+    takes a moment); a cancellation of the handler itself meanwhile (the tab closed) was
+    swallowed with the wait's own, and the handler went on to store and show the answer."""
+    pressed = {"now": False}
+
+    async def slow_to_close() -> Any:
+        try:
+            yield "a"
+            await asyncio.sleep(3600)
+        finally:
+            await asyncio.sleep(0.3)  # the abort, under way
+
+    async def handler() -> str:
+        async for _ in until_stopped(slow_to_close(), lambda: pressed["now"], every_s=0.01):
+            asyncio.get_running_loop().call_later(0.02, pressed.update, {"now": True})
+        return "went on after the tab closed"
+
+    async def close_the_tab_mid_stop() -> None:
+        task = asyncio.create_task(handler())
+        await asyncio.sleep(0.15)  # stopped at about 0.03 s; the abort runs until about 0.33 s
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(close_the_tab_mid_stop())

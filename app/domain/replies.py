@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from app.catalog.cards import ModelCard
 from app.engines.base import ModelState, ModelStatus, SamplingSettings, StreamEnd
 from app.engines.manager import EngineManager
 from app.storage.history import REPLY_FIELDS, ReplyRecord
+
+log = logging.getLogger(__name__)
 
 Piece = TypeVar("Piece")
 # How often a view waiting for the next piece of an answer looks at its Stop.
@@ -194,5 +197,13 @@ async def until_stopped(
     finally:
         if waiting is not None:
             waiting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await waiting
+            except asyncio.CancelledError:
+                # The wait's own cancellation ends here; one aimed at this task (a closed tab
+                # while the stop's abort runs) goes on.
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
+            except Exception:  # the stop stands, and a cancellation under way is not replaced
+                log.warning("an answer's stream failed as it was stopped", exc_info=True)

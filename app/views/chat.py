@@ -224,6 +224,8 @@ class ChatView:
                 async for _ in until_stopped(replies, lambda: session.stop_requested or gone()):
                     if not turn.reply.ended:  # its end is shown below, once stored
                         yield conversation(session), gr.skip(), notice, gr.skip()
+            if not turn.reply.ended:  # stopped before its stream started (it marks it otherwise)
+                turn.reply.state = "stopped"
         except Exception as error:
             turn.reply.state = "failed"
             if gone():
