@@ -198,8 +198,11 @@ def test_a_stop_pressed_while_the_chat_waits_for_a_piece_aborts_the_request(loop
     async def stopped_before_the_first_piece():
         story = "Tell me a long story about " + "a red circle and a blue square, " * 150
         stream = manager.stream("tiny-a", ask(story), replace(FIXED, max_tokens=2000))
+
+        def held() -> bool:  # Stop, once vLLM holds the request
+            return manager.unfinished_requests("tiny-a") > 0
+
         async with contextlib.aclosing(stream):
-            held = lambda: manager.unfinished_requests("tiny-a") > 0  # noqa: E731
             events = [event async for event in until_stopped(stream, held, every_s=0.001)]
         for _ in range(50):
             if manager.unfinished_requests("tiny-a") == 0:

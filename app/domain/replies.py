@@ -185,7 +185,7 @@ async def until_stopped(
     waiting: asyncio.Task[tuple[bool, Any]] | None = None
     try:
         while not stopped():
-            waiting = waiting or asyncio.ensure_future(next_piece())
+            waiting = waiting or asyncio.create_task(next_piece())
             done, _ = await asyncio.wait({waiting}, timeout=every_s)
             if not done:
                 continue
