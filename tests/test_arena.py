@@ -20,6 +20,7 @@ from app.catalog.cards import ModelCard, load_cards
 from app.config import Settings
 from app.demo.models import DEMO_TWINS, SEEING_MODELS, with_demo_models
 from app.domain.arena import (
+    BLIND_FAILURE,
     BLIND_REFUSAL,
     VOTE_WINDOW_S,
     ArenaError,
@@ -342,6 +343,27 @@ def test_a_battle_whose_answer_was_stopped_or_failed_takes_no_vote(loop, arena):
         notice = loop.run(view.vote("a", "", visit))[2]
         assert "both finished" in notice and len(history.votes()) == before
         assert visit.battle is not None and not visit.battle.revealed
+
+
+def test_a_message_both_models_fail_on_goes_back_to_the_box_with_a_blind_line(loop, arena):
+    """Both sides fail (a text past either model's context): nothing is left to vote on, so the
+    turn is taken back, the message goes back to the box to change, and the line names no model."""
+    view, _, history, _ = arena
+    visit = Visit(browser_id="browser-both-fail")
+    text = "A long question. " * 20_000
+    updates = loop.run(collect(view.ask({"text": text, "files": []}, visit)))
+    last = updates[-1]
+    assert last[5] == WARNING + BLIND_FAILURE
+    assert last[4].value["text"] == text
+    assert visit.arena.turns == [] and "arena" not in visit.sent
+    for update in updates:
+        assert not any(name in shown(update) for name in every_name(view)), shown(update)
+    before = len(history.votes())
+    assert "Send a message first" in loop.run(view.vote("a", "", visit))[2]
+    assert len(history.votes()) == before
+    # The battle goes on: the next message is answered by both, and takes a vote.
+    loop.run(collect(view.ask({"text": "Hello.", "files": []}, visit)))
+    assert [column.state for column in visit.arena.turns[-1].columns] == ["done", "done"]
 
 
 def finished_battle(view: ArenaView, browser: str, address: str, keys: tuple[str, str]) -> Visit:
