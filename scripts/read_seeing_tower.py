@@ -1,17 +1,19 @@
 """What the first seeing model's vision tower carries, whatever its text model makes of it: linear
 probes fitted on the tower's frozen features (pictures of the training generator, another seed),
-then read on held-out pictures and on the foreign set's box questions:
+then read on held-out pictures and on the foreign set's box, count and kind-of-shape questions:
 
     .venv/bin/python scripts/read_seeing_tower.py [--model DIR] [--steps N] [--untrained]
 
 For each shape, the box read from the mean of its own tokens' probes (on the foreign pictures,
 whose owners are not known, the tokens over the inner half of its true box), counted when every
 side is within a tenth of the picture, as the held-out box question counts; for each token a
-shape covers, its colour and kind of shape. The text model cannot say more than the tower
-carries: a kind whose figure here is far below the target is the tower's to learn first
-(docs/BENCHMARKS.md). About two minutes on two cores (the default 600 steps). `--untrained`:
-the same tower with the random weights it starts from, the figures a trained tower's are gains
-over.
+shape covers, its colour and kind of shape; for each picture, how many shapes it holds (the
+mean of its tokens' count probe, as the vision lesson teaches every token the count); on the
+foreign set's lone shapes, their kind (the tokens the probe finds a shape on, summed). The text
+model cannot say more than the tower carries: a kind whose figure here is far below the target
+is the tower's to learn first (docs/BENCHMARKS.md). About two minutes on two cores (the default
+600 steps). `--untrained`: the same tower with the random weights it starts from, the figures a
+trained tower's are gains over.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ sys.path.insert(0, str(ROOT))
 
 from app.demo.models import SEEING_FOLDER  # noqa: E402
 from app.demo.seeing_check import foreign_set  # noqa: E402
-from app.demo.seeing_model import BATCH, BOX_NUMBERS, lesson_scene, token_labels  # noqa: E402
+from app.demo.seeing_model import BATCH, BOX_NUMBERS, TOKEN_SHAPES, lesson_scene, token_labels  # noqa: E402
 
 FOREIGN = ROOT / "tests" / "data" / "foreign-shapes"
+COUNT_WORDS = ("one", "two", "three")
 PROBE_SEED, HELD_OUT_SEED, HELD_OUT = 99, 12345, 160
 
 
@@ -64,7 +67,7 @@ class Tower:
 
 
 def fit_probes(tower: Tower, steps: int, pool: int | None = None) -> dict[str, Any]:
-    """Linear probes of box, colour and kind of shape, fitted on the frozen tower's features: a
+    """Linear probes of box, colour, kind of shape and count, fitted on the frozen tower's features: a
     new batch of pictures each step, or with `pool`, that many batches drawn once and gone over
     in turn (the tower's forward pass is nearly all the time; the probes' steps cost little)."""
     import torch
@@ -75,6 +78,7 @@ def fit_probes(tower: Tower, steps: int, pool: int | None = None) -> dict[str, A
             "box": torch.nn.Linear(tower.width, 4),
             "colour": torch.nn.Linear(tower.width, 6),
             "shape": torch.nn.Linear(tower.width, 4),
+            "count": torch.nn.Linear(tower.width, len(COUNT_WORDS)),
         }
     )
     optimizer = torch.optim.Adam(probes.parameters(), lr=3e-3)
@@ -85,7 +89,7 @@ def fit_probes(tower: Tower, steps: int, pool: int | None = None) -> dict[str, A
         boxes = torch.tensor(labels["box"])
         owned = boxes[:, 0] >= 0
         loss = torch.nn.functional.mse_loss(probes["box"](features)[owned], boxes[owned])
-        for name in ("colour", "shape"):
+        for name in ("colour", "shape", "count"):
             loss = loss + torch.nn.functional.cross_entropy(
                 probes[name](features), torch.tensor(labels[name])
             )
@@ -99,7 +103,7 @@ def batch_features(tower: Tower, rng: random.Random) -> tuple[Any, dict[str, lis
     """A batch of the vision lesson's pictures: the tower's features and each token's labels."""
     scenes = [lesson_scene(rng) for _ in range(BATCH)]
     features, grids = tower.features([found.image for found in scenes])
-    labels: dict[str, list[Any]] = {"box": [], "colour": [], "shape": []}
+    labels: dict[str, list[Any]] = {"box": [], "colour": [], "shape": [], "count": []}
     for found, (rows, columns) in zip(scenes, grids, strict=True):
         for name, values in token_labels(found, rows, columns).items():
             if name in labels:
@@ -115,12 +119,13 @@ def read_held_out(
     tower: Tower, probes: dict[str, Any], pictures: int = HELD_OUT
 ) -> dict[str, tuple[int, int]]:
     """(right, asked): shapes whose box the mean of their tokens' probes gives within a tenth;
-    tokens a shape covers whose colour and kind of shape the probes give."""
+    tokens a shape covers whose colour and kind of shape the probes give; pictures whose count
+    the mean of their tokens' count probe gives."""
     import torch
 
     rng = random.Random(HELD_OUT_SEED)  # noqa: S311 (test data, seeded to be reproducible)
     scenes = [lesson_scene(rng) for _ in range(pictures)]
-    score = {"box": [0, 0], "colour": [0, 0], "shape": [0, 0]}
+    score = {"box": [0, 0], "colour": [0, 0], "shape": [0, 0], "count": [0, 0]}
     for start in range(0, pictures, BATCH):
         batch = scenes[start : start + BATCH]
         features, grids = tower.features([found.image for found in batch])
@@ -138,6 +143,8 @@ def read_held_out(
                 read = said[name][tokens].argmax(1) == np.array(labels[name])
                 score[name][0] += int(read[covered].sum())
                 score[name][1] += int(covered.sum())
+            score["count"][0] += int(said["count"][tokens].mean(0).argmax()) == len(found.shapes) - 1
+            score["count"][1] += 1
             width, height = found.image.size
             for left, top, right, bottom in found.boxes:
                 truth = np.array([left / width, top / height, right / width, bottom / height])
@@ -147,31 +154,46 @@ def read_held_out(
     return {name: (right, asked) for name, (right, asked) in score.items()}
 
 
-def read_foreign(tower: Tower, probes: dict[str, Any]) -> tuple[int, int]:
+def read_foreign(tower: Tower, probes: dict[str, Any]) -> dict[str, tuple[int, int]]:
     """(right, asked) of the foreign set's box questions, each shape's box read from the tokens
-    over the inner half of its true box."""
+    over the inner half of its true box; of its count questions, from the mean of every token's
+    count probe; of its kind-of-shape questions (one shape a picture), from the shape probe summed
+    over the tokens it finds a shape on."""
     import torch
     from PIL import Image
 
-    questions = [question for question in foreign_set(FOREIGN) if question.kind == "box"]
-    right = 0
-    for question in questions:
-        match = BOX_NUMBERS.search(question.answer)
-        if match is None:
-            raise ValueError(f"no box in the answer to {question.files[0].name}")
-        truth = np.array([int(n) / 1000 for n in match.groups()])
+    def read(question: Any) -> tuple[dict[str, np.ndarray], int, int]:
         features, [(height, width)] = tower.features([Image.open(question.files[0]).convert("RGB")])
-        centre, half = (truth[:2] + truth[2:]) / 2, (truth[2:] - truth[:2]) / 4
-        inner = [
-            token
-            for token in range(height * width)
-            if abs((token % width + 0.5) / width - centre[0]) <= half[0] + 0.5 / width
-            and abs((token // width + 0.5) / height - centre[1]) <= half[1] + 0.5 / height
-        ]
         with torch.no_grad():
-            said = probes["box"](features).numpy()
-        right += within_a_tenth(said[inner].mean(0), truth)
-    return right, len(questions)
+            return {name: probe(features).numpy() for name, probe in probes.items()}, height, width
+
+    score = {"box": [0, 0], "count": [0, 0], "shape": [0, 0]}
+    for question in foreign_set(FOREIGN):
+        if question.kind not in score:
+            continue
+        said, height, width = read(question)
+        if question.kind == "count":
+            right = COUNT_WORDS[int(said["count"].mean(0).argmax())] == question.answer
+        elif question.kind == "shape":
+            found = said["shape"].argmax(1) > 0
+            logits = said["shape"][found] if found.any() else said["shape"]
+            right = TOKEN_SHAPES[int(logits[:, 1:].sum(0).argmax()) + 1] == question.answer
+        else:
+            match = BOX_NUMBERS.search(question.answer)
+            if match is None:
+                raise ValueError(f"no box in the answer to {question.files[0].name}")
+            truth = np.array([int(n) / 1000 for n in match.groups()])
+            centre, half = (truth[:2] + truth[2:]) / 2, (truth[2:] - truth[:2]) / 4
+            inner = [
+                token
+                for token in range(height * width)
+                if abs((token % width + 0.5) / width - centre[0]) <= half[0] + 0.5 / width
+                and abs((token // width + 0.5) / height - centre[1]) <= half[1] + 0.5 / height
+            ]
+            right = within_a_tenth(said["box"][inner].mean(0), truth)
+        score[question.kind][0] += bool(right)
+        score[question.kind][1] += 1
+    return {name: (right, asked) for name, (right, asked) in score.items()}
 
 
 def main() -> None:
@@ -185,11 +207,12 @@ def main() -> None:
         parser.error(f"{options.model} is not a trained model's folder (it has no config.json)")
     tower = Tower(options.model, options.untrained)
     probes = fit_probes(tower, options.steps)
+    units = {"box": "shapes", "count": "pictures"}
     for name, (right, asked) in read_held_out(tower, probes).items():
-        unit = "shapes" if name == "box" else "tokens a shape covers"
+        unit = units.get(name, "tokens a shape covers")
         print(f"held out, {name:6}: {right}/{asked} {unit} = {right / asked:.0%}")
-    right, asked = read_foreign(tower, probes)
-    print(f"foreign set, box: {right}/{asked} = {right / asked:.0%}")
+    for name, (right, asked) in read_foreign(tower, probes).items():
+        print(f"foreign set, {name:5}: {right}/{asked} questions = {right / asked:.0%}")
 
 
 if __name__ == "__main__":
