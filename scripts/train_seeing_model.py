@@ -213,6 +213,10 @@ def main() -> None:
             "boxes": args.box_steps,
         }
         steps = dataclasses.replace(recipe.steps, **{k: v for k, v in given.items() if v is not None})
+        if steps.vision < 1 or steps.answers < 1 or steps.named < 0 or steps.boxes < 0:
+            # Refused before training: an answers lesson of no steps failed after the whole
+            # vision lesson, with nothing saved.
+            parser.error("--vision-steps and --answer-steps take 1 or more, the later lessons' 0 or more")
         later = {"named": args.third_lesson_from, "boxes": args.fourth_lesson_from}
         if any(later.values()):
             if recipe.key != seeing_model.SEEING_KEY:
