@@ -31,10 +31,17 @@ sys.path.insert(0, str(ROOT))
 
 from app.demo.models import SEEING_FOLDER  # noqa: E402
 from app.demo.seeing_check import foreign_set  # noqa: E402
-from app.demo.seeing_model import BATCH, BOX_NUMBERS, TOKEN_SHAPES, lesson_scene, token_labels  # noqa: E402
+from app.demo.seeing_model import (  # noqa: E402
+    BATCH,
+    BOX_NUMBERS,
+    PROBES,
+    TOKEN_SHAPES,
+    lesson_scene,
+    token_labels,
+)
+from app.demo.shapes import COUNTS  # noqa: E402
 
 FOREIGN = ROOT / "tests" / "data" / "foreign-shapes"
-COUNT_WORDS = ("one", "two", "three")
 PROBE_SEED, HELD_OUT_SEED, HELD_OUT = 99, 12345, 160
 
 
@@ -73,13 +80,9 @@ def fit_probes(tower: Tower, steps: int, pool: int | None = None) -> dict[str, A
     import torch
 
     torch.manual_seed(PROBE_SEED)
+    # The vision lesson's own probes' sizes (`PROBES`), of the labels read here.
     probes = torch.nn.ModuleDict(
-        {
-            "box": torch.nn.Linear(tower.width, 4),
-            "colour": torch.nn.Linear(tower.width, 6),
-            "shape": torch.nn.Linear(tower.width, 4),
-            "count": torch.nn.Linear(tower.width, len(COUNT_WORDS)),
-        }
+        {name: torch.nn.Linear(tower.width, PROBES[name]) for name in ("box", "colour", "shape", "count")}
     )
     optimizer = torch.optim.Adam(probes.parameters(), lr=3e-3)
     rng = random.Random(PROBE_SEED)  # noqa: S311 (probe data, seeded to be reproducible)
@@ -173,7 +176,8 @@ def read_foreign(tower: Tower, probes: dict[str, Any]) -> dict[str, tuple[int, i
             continue
         said, height, width = read(question)
         if question.kind == "count":
-            right = COUNT_WORDS[int(said["count"].mean(0).argmax())] == question.answer
+            # The count label is the number of shapes less one (`token_labels`).
+            right = COUNTS[int(said["count"].mean(0).argmax()) + 1] == question.answer
         elif question.kind == "shape":
             found = said["shape"].argmax(1) > 0
             logits = said["shape"][found] if found.any() else said["shape"]
