@@ -1,6 +1,6 @@
 """Trains a seeing demo model into the folder the app serves it from, from its fixed seed, then
-reports its accuracy per question kind on held-out questions, the foreign set and the README's
-example, through the real vLLM engine:
+reports its accuracy per question kind on held-out questions, the foreign set, the README's
+example and tidy rows of three shapes as the page's example picture, through the real vLLM engine:
 
     .venv/bin/python scripts/train_seeing_model.py [--model first|second] [--out DIR] [--per-kind N]
 
@@ -46,6 +46,7 @@ from app.demo.seeing_check import (  # noqa: E402
     foreign_set,
     labelled_as_asked,
     readme_example,
+    rows_of_three,
     stranger_questions,
     tally,
     wrong_answers,
@@ -132,6 +133,12 @@ def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
                 print("  box labels as asked: {}/{}".format(*labelled_as_asked(asked, said)))
             for line in wrong_answers(asked, said):
                 print(f"  wrong: {line}")
+            with tempfile.TemporaryDirectory(prefix="rows-") as rows:
+                asked = [q for q in rows_of_three(Path(rows)) if q.kind.removeprefix("row ") in recipe.kinds]
+                said = await answers(manager, recipe.key, decoder, asked)
+            print(f"tidy rows of three, as the page's example picture ({len(asked) // 2} pictures):")
+            for kind, (right, count) in tally(asked, said).items():
+                print(f"  {kind:12} {right}/{count} = {right / count:.0%}")
             strangers = [q for q in stranger_questions(FOREIGN) if q.kind in recipe.kinds]
             said = await answers(manager, recipe.key, decoder, strangers)
             print(f"wordings training never uses, on the foreign set's pictures ({STRANGER_PICTURES} each):")
