@@ -136,7 +136,8 @@ def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
             with tempfile.TemporaryDirectory(prefix="rows-") as rows:
                 asked = [q for q in rows_of_three(Path(rows)) if q.kind.removeprefix("row ") in recipe.kinds]
                 said = await answers(manager, recipe.key, decoder, asked)
-            print(f"tidy rows of three, as the page's example picture ({len(asked) // 2} pictures):")
+            pictures = len({q.files for q in asked})
+            print(f"tidy rows of three, as the page's example picture ({pictures} pictures):")
             for kind, (right, count) in tally(asked, said).items():
                 print(f"  {kind:12} {right}/{count} = {right / count:.0%}")
             strangers = [q for q in stranger_questions(FOREIGN) if q.kind in recipe.kinds]
