@@ -154,21 +154,17 @@ def rows_of_three(folder: Path, pictures: int = ROWS, seed: int = ROWS_SEED) -> 
     for index in range(pictures):
         drawn = [Drawn(str(rng.choice(list(COLOURS))), str(rng.choice(SHAPES))) for _ in range(3)]
         image = tidy_picture(drawn, *ROW_SIZES[index % len(ROW_SIZES)])
-        # Each shape's box from its pixels (anything off the background, in its third).
+        # Which shape covers each pixel (anything off the background, by its third), as a
+        # `Scene`'s owner, and each shape's box from its pixels.
         pixels = np.asarray(image, dtype=np.int32)
         covered = np.abs(pixels - np.array(BACKGROUND)).sum(axis=-1) > 30
-        ys, xs = np.nonzero(covered)
-        third = xs * 3 // image.width
-        boxes = [
-            (
-                float(xs[third == i].min()),
-                float(ys[third == i].min()),
-                float(xs[third == i].max() + 1),
-                float(ys[third == i].max() + 1),
-            )
-            for i in range(3)
-        ]
-        sentence = description(Scene(image, drawn, boxes, "white", covered.astype(np.uint8)))
+        thirds = np.arange(image.width) * 3 // image.width + 1
+        owner = np.where(covered, thirds, 0).astype(np.uint8)
+        boxes = []
+        for shape in range(1, 4):
+            ys, xs = np.nonzero(owner == shape)
+            boxes.append((float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1)))
+        sentence = description(Scene(image, drawn, boxes, "white", owner))
         if sentence is None:  # not for these pictures: each third's centre is where its word says
             raise ValueError(f"no description of a row at {image.size}")
         path = Path(folder) / f"row-{index:02d}.png"
