@@ -44,9 +44,21 @@ def detect_gpu_count(env: Mapping[str, str], devices: Sequence[str] | None = Non
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return present
-    listed = [d for d in visible.split(",") if d.strip()]
-    listed = listed[: next((i for i, d in enumerate(listed) if d.strip() == "-1"), len(listed))]
-    return min(present, len(listed))
+    return min(present, len(cuda_visible_entries(visible, present)))
+
+
+def cuda_visible_entries(text: str, present: int | None = None) -> list[str]:
+    """CUDA_VISIBLE_DEVICES's entries as CUDA reads them: device numbers below the `present`
+    GPUs' count (where known) and GPU or MIG UUIDs ("GPU-..." whole or a prefix, "MIG-..."), up
+    to the first entry it cannot read, after which it sees none. Seen on an H200: "1" (one GPU),
+    "GPU-" and a UUID without "GPU-" each left CUDA no GPU; "GPU-c002ef2a" found it."""
+    entries: list[str] = []
+    for entry in (e.strip() for e in text.split(",") if e.strip()):
+        number = entry.isdigit() and (present is None or int(entry) < present)
+        if not (number or (entry.startswith(("GPU-", "MIG-")) and len(entry) > len("GPU-"))):
+            break
+        entries.append(entry)
+    return entries
 
 
 @dataclass(frozen=True)

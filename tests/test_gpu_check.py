@@ -14,6 +14,7 @@ import pytest
 from gpu_check.common import BUDGET_FRACTION, ENGINE_MARGIN_BYTES, SPECS, choose_pair
 from gpu_check.folders import cached_weights
 from gpu_check.phase import Model, Plan
+from gpu_check.readings import within
 from gpu_check.report import markdown
 
 from app.engines.memory import GPU_ENGINE_OVERHEAD_BYTES
@@ -168,3 +169,19 @@ def test_engines_cap_pictures_and_fall_back_to_float16_on_older_gpus(monkeypatch
     assert args["kv_cache_memory_bytes"] == 2**30
     monkeypatch.setattr(common, "DTYPE", "float16")
     assert engine_args(Path("/m"), 0.4)["dtype"] == "float16"
+
+
+def test_the_readings_check_says_in_one_line_why_it_cannot_run_here():
+    """`--readings` needs torch's CUDA build and NVML, not vLLM (the H200 lent on 2026-11-29 had
+    no vLLM); on this machine it stops with one line and status 2, before touching anything."""
+    command = [sys.executable, "bench/gpu_check", "--readings"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1
+    assert "--readings needs an NVIDIA GPU and torch's CUDA build" in done.stderr
+
+
+def test_a_reading_of_a_held_allocation_is_the_allocation_and_at_most_a_context_more():
+    held = 8 * 2**30
+    assert within(int(8.596 * 2**30), held)  # the H200's per-process figure, context included
+    assert not within(held - 1, held) and not within(held + 3 * 2**30, held) and not within(None, held)

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from app.catalog.cards import load_cards
 from app.config import Settings
+from app.engines.gpus import gpu_memory, visible_devices
 from app.engines.memory import (
     DEFAULT_MAX_NUM_SEQS,
     GIB,
@@ -27,7 +31,8 @@ from app.engines.memory import (
     sliding_windows,
     weights_on_disk,
 )
-from app.engines.vllm_engine import VllmEngineFactory, visible_devices, wait_for_memory_freed
+from app.engines.metrics import measured_gpu_memory
+from app.engines.vllm_engine import VllmEngineFactory, wait_for_memory_freed
 
 CARDS = load_cards()
 GB = 10**9
@@ -492,3 +497,92 @@ def test_a_context_vllm_refuses_is_retried_at_the_cards_own():
     assert _longer_than_derived(refusal, {"max_model_len": 16384}, card)
     assert not _longer_than_derived(refusal, {"max_model_len": 4096}, card)  # the card's own
     assert not _longer_than_derived(RuntimeError("CUDA out of memory"), {"max_model_len": 16384}, card)
+
+
+class SimulatedNvml:
+    """NVML as the H200 lent on 2026-11-29 answered it (bench/gpu_check --readings), for one or
+    more GPUs: a simulation, since this machine has no GPU. The driver reserves memory that NVML's
+    first memory call counts as used and in the total, and that CUDA never hands out."""
+
+    nvmlMemory_v2 = 2
+
+    def __init__(self, uuids: list[str], total: int = 150_754_820_096, reserved: int = 645_464_064) -> None:
+        self.uuids, self.total, self.reserved = uuids, total, reserved
+        self.used = [0] * len(uuids)
+
+    def nvmlInit(self) -> None: ...
+
+    def nvmlShutdown(self) -> None: ...
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.uuids)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:
+        # As the real one answered: the whole UUID, with or without "GPU-" (not a prefix).
+        for index, known in enumerate(self.uuids):
+            if uuid in (known, known.removeprefix("GPU-")):
+                return index
+        raise RuntimeError("Not Found")
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        return self.uuids[handle]
+
+    def nvmlDeviceGetIndex(self, handle: int) -> int:
+        return handle
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int, version: int = 1) -> Any:
+        used = self.used[handle]
+        if version == self.nvmlMemory_v2:
+            return SimpleNamespace(total=self.total, reserved=self.reserved, used=used)
+        return SimpleNamespace(total=self.total, used=used + self.reserved)
+
+
+H200_UUIDS = ["GPU-b8165666-1092-95bb-2e75-a9fdb498f280", "GPU-0f2a9c41-5d3e-4b7a-9c1d-2e8f6a7b3c90"]
+
+
+def test_cuda_visible_devices_are_read_as_cuda_reads_them(monkeypatch):
+    """CUDA takes a GPU's UUID prefix ("GPU-b8165666" made one GPU visible on the H200) and stops
+    at an entry it cannot read (a UUID without "GPU-" made none visible). The app must name the
+    same GPUs, or it measures and places engines on the wrong one, or on none."""
+    monkeypatch.setitem(sys.modules, "pynvml", SimulatedNvml(H200_UUIDS))
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": H200_UUIDS[1]}) == [1]
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": "GPU-0f2a9c41,GPU-b8165666"}) == [1, 0]
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": "GPU-b8165666-1092-95bb-2e75-a9fdb498f280,1"}) == [0, 1]
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": "b8165666-1092-95bb-2e75-a9fdb498f280"}) == []
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": "1,GPU-zzzz,0"}) == [1]
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": "0,2,1"}) == [0]  # there is no third GPU
+    # "GPU-" alone made the H200 invisible to CUDA; a prefix of both GPUs' UUIDs names no one GPU:
+    # the app stops there rather than guess.
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": "GPU-"}) == []
+    monkeypatch.setitem(
+        sys.modules, "pynvml", SimulatedNvml([H200_UUIDS[0], "GPU-b8170000-0000-0000-0000-000000000000"])
+    )
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": "GPU-b816,GPU-b81"}) == [0]
+
+
+def test_gpu_memory_leaves_out_what_the_driver_reserves(monkeypatch):
+    """NVML's total counts 0.6 GiB on the H200 that CUDA never hands out (its total was 139.80 GiB
+    against NVML's 140.40), so a budget of 0.9 of NVML's total was 0.54 GiB too generous; and its
+    'used' counted the same 0.6 GiB on an idle GPU, which nvidia-smi shows as 0 MiB."""
+    nvml = SimulatedNvml(H200_UUIDS[:1])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    assert gpu_memory("total") == [nvml.total - nvml.reserved]
+    assert gpu_memory("used") == [0]
+    nvml.used = [8 * 2**30]
+    assert gpu_memory("used") == [8 * 2**30]
+    assert measured_gpu_memory() == [8 * 2**30]
+
+
+def test_the_metrics_number_gpus_as_the_app_does(monkeypatch):
+    """With CUDA_VISIBLE_DEVICES=1 the app's GPU 0 is NVML's GPU 1, and the booked memory is
+    reported as device 0: what NVML measures must be reported under the same number."""
+    nvml = SimulatedNvml(H200_UUIDS)
+    nvml.used = [40 * 2**30, 5 * 2**30]
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert measured_gpu_memory() == [5 * 2**30]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert measured_gpu_memory() == [40 * 2**30, 5 * 2**30]

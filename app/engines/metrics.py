@@ -10,7 +10,6 @@ it by the page (`app.views.metrics`).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -20,6 +19,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from app.engines.base import EngineEvents, ModelState
+from app.engines.gpus import gpu_memory, visible_devices
 
 if TYPE_CHECKING:
     from app.engines.manager import EngineManager
@@ -166,22 +166,9 @@ class _ManagerState(Collector):
 
 
 def measured_gpu_memory() -> list[int]:
-    """Bytes in use on each GPU as NVML says, or nothing where there is no NVML (a CPU machine):
-    NVML counts every process, so it shows what the scheduler's booking misses."""
-    try:
-        import pynvml  # vLLM's CUDA build installs nvidia-ml-py
-
-        pynvml.nvmlInit()
-    except Exception:
-        return []
-    try:
-        return [
-            int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used)
-            for i in range(pynvml.nvmlDeviceGetCount())
-        ]
-    except Exception:
-        log.debug("NVML did not answer", exc_info=True)
-        return []
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
+    """Bytes in use on each of the app's GPUs as NVML says (numbered as the app numbers them,
+    through CUDA_VISIBLE_DEVICES), or nothing where there is no NVML (a CPU machine): NVML counts
+    every process, so it shows what the scheduler's booking misses."""
+    used = gpu_memory("used") or []
+    visible = visible_devices()
+    return used if visible is None else [used[i] for i in visible if i < len(used)]

@@ -30,6 +30,7 @@ from app.engines.base import (
     explain_refusal,
     first_line,
 )
+from app.engines.gpus import gpu_memory, process_gpu_memory, visible_devices
 from app.engines.memory import (
     MemoryNeed,
     ModelFacts,
@@ -706,83 +707,11 @@ def process_tree_memory() -> tuple[int, int]:
     return rss, len(children)
 
 
-def visible_devices(environ: Mapping[str, str] = os.environ) -> list[int] | None:
-    """CUDA_VISIBLE_DEVICES as NVML indices (PCI bus order, which the factory makes CUDA use):
-    numbers are taken as they are; GPU UUIDs are looked up. None where it is not set."""
-    text = environ.get("CUDA_VISIBLE_DEVICES")
-    if text is None:
-        return None
-    entries = [e.strip() for e in text.split(",") if e.strip()]
-    indices: list[int] = []
-    for entry in entries:
-        if entry.lstrip("-").isdigit():
-            if int(entry) < 0:
-                break
-            indices.append(int(entry))
-            continue
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            indices.append(pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByUUID(entry)))
-        except Exception:
-            log.warning("cannot find GPU %s through NVML", entry)
-    return indices
-
-
 def engine_process_ids(engine: Any) -> list[int]:
     """The process ids of an `AsyncLLM`'s engine core (one per data-parallel rank)."""
     manager = getattr(engine.engine_core, "resources", None)
     processes = getattr(getattr(manager, "engine_manager", None), "processes", [])
     return [p.pid for p in processes if p.pid is not None]
-
-
-def process_gpu_memory(pids: Sequence[int], devices: Sequence[int]) -> dict[int, int] | None:
-    """GPU memory the processes `pids` and their children (tensor-parallel workers) hold on each
-    of `devices` (NVML indices), where NVML tells per process (not in every container); else
-    None."""
-    if not pids:
-        return None
-    try:
-        import psutil
-        import pynvml
-
-        family = set(pids)
-        for pid in pids:
-            family.update(child.pid for child in psutil.Process(pid).children(recursive=True))
-        pynvml.nvmlInit()
-        try:
-            held = {}
-            for device in devices:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(device)
-                found = [
-                    p.usedGpuMemory
-                    for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-                    if p.pid in family
-                ]
-                if not found or any(not isinstance(used, int) for used in found):
-                    return None  # hidden (a container without the host's process table)
-                held[device] = sum(found)
-            return held
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return None
-
-
-def gpu_memory(kind: str) -> list[int] | None:
-    """Every GPU's memory `used` or `total` in bytes, by NVML index; None where NVML fails."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return [
-            getattr(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)), kind)
-            for i in range(pynvml.nvmlDeviceGetCount())
-        ]
-    except Exception:
-        log.warning("cannot read GPU memory through NVML")
-        return None
 
 
 def wait_for_memory_freed(

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import tempfile
@@ -55,6 +56,7 @@ from .engine_check import PHASES, run_check
 from .folders import cached_weights, write_model_folders
 from .machine import Gpu, describe_machine, why_not_runnable
 from .phase import Model, Plan
+from .readings import readings_markdown, run_readings, why_not_readable
 from .report import write_report
 
 
@@ -72,6 +74,11 @@ def main() -> None:
     parser.add_argument("--util-large", type=float, help="gpu_memory_utilization of the 7B-class engine")
     parser.add_argument("--step-timeout", type=float, default=900.0, help="seconds any one step may take")
     parser.add_argument("--verbose", action="store_true", help="vLLM's INFO logs (default: warnings only)")
+    parser.add_argument(
+        "--readings",
+        action="store_true",
+        help="only check the app's GPU readings against known allocations (torch's CUDA build, no vLLM)",
+    )
     args = parser.parse_args()
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
     if unknown := sorted(set(phases) - set(PHASES)):
@@ -83,6 +90,9 @@ def main() -> None:
         report = dry_run(models_dir)
         write_report(report, args.out)
         sys.exit(0 if report["ok"] else 1)
+
+    if args.readings:
+        check_readings(args.out)
 
     reason = why_not_runnable()
     if reason is not None:
@@ -138,3 +148,16 @@ def main() -> None:
         sys.stdout.flush()
         os._exit(code)
     sys.exit(code)
+
+
+def check_readings(out: Path | None) -> None:
+    """`--readings`: the app's GPU readings (see `readings.py`); exits with the check's status."""
+    reason = why_not_readable()
+    if reason is not None:
+        print(f"gpu_check --readings needs an NVIDIA GPU and torch's CUDA build ({reason}).", file=sys.stderr)
+        sys.exit(2)
+    report = {"meta": describe_machine(gpu=True), **run_readings()}
+    print(readings_markdown(report))
+    if out is not None:
+        out.write_text(json.dumps(report, indent=2) + "\n")
+    sys.exit(0 if report["ok"] else 1)

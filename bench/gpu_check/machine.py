@@ -19,6 +19,8 @@ import sys
 import time
 from typing import Any
 
+from app.engines.gpus import device_memory, visible_devices
+
 from .common import GIB, MEMORY_RETURN_TIMEOUT_S, MEMORY_SLACK_BYTES, describe_error, gib
 
 
@@ -86,11 +88,8 @@ class Gpu:
 
         self._nvml = pynvml
         pynvml.nvmlInit()
-        first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
-        if first.isdigit():
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(int(first))
-        else:
-            self.handle = pynvml.nvmlDeviceGetHandleByUUID(first)
+        # The first GPU CUDA_VISIBLE_DEVICES names, read as the app reads it (a UUID's prefix too).
+        self.handle = pynvml.nvmlDeviceGetHandleByIndex((visible_devices() or [0])[0])
 
     @classmethod
     def get(cls) -> Gpu:
@@ -108,10 +107,12 @@ class Gpu:
         }
 
     def total(self) -> int:
-        return int(self._nvml.nvmlDeviceGetMemoryInfo(self.handle).total)
+        """What CUDA can hand out, as the app reads it (NVML's total less the driver's reserve)."""
+        return device_memory(self._nvml, self.handle, "total")
 
     def used(self) -> int:
-        return int(self._nvml.nvmlDeviceGetMemoryInfo(self.handle).used)
+        """In use by processes, as the app reads it (the driver's reserve left out)."""
+        return device_memory(self._nvml, self.handle, "used")
 
     def capability(self) -> tuple[int, int] | None:
         """The GPU's CUDA compute capability (8.0 and up takes bfloat16)."""
