@@ -13,6 +13,8 @@ One module a job, each readable on its own:
 - `lifecycle`, `two_resident`, `swaps` (sleep/wake and build/shutdown) and `manager`: the
   phases, one measurement each;
 - `engine_check`: the phases in order, with the GPU memory at the start and the end;
+- `readings`: `--readings`, the app's own GPU readings against processes holding known amounts
+  (torch's CUDA build and NVML, no vLLM);
 - `report`: the summary, markdown on stdout and JSON (or markdown) in `--out`;
 - `cli`: the command line; `__main__`: the entry point.
 """

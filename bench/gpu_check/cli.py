@@ -30,10 +30,15 @@ check passed, 1 when one failed, 2 where there is no GPU or no CUDA build of vLL
 
     .venv-gpu/bin/python bench/gpu_check --out docs/gpu-check.json
     .venv/bin/python bench/gpu_check --dry-run    # any machine: write and check the folders
+    python3 bench/gpu_check --readings            # torch's CUDA build, no vLLM: the app's readings
 
 `--dry-run` needs no GPU and no vLLM engine: it writes the two folders and checks with
 transformers that each config and processor loads, that the model the config describes has the
 published parameter count, and (where vLLM is installed) that vLLM's model config accepts it.
+
+`--readings` needs a CUDA build of torch and NVML, not vLLM: it checks the app's own GPU
+readings (GPUs found, CUDA_VISIBLE_DEVICES, totals, use, per-process memory, the metrics gauge)
+against processes that hold a known amount on the GPU (`readings.py`).
 """
 
 # The docstring above is the command's --help text; the package's layout is in __init__.py.
