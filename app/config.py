@@ -48,15 +48,29 @@ def detect_gpu_count(env: Mapping[str, str], devices: Sequence[str] | None = Non
 
 
 def cuda_visible_entries(text: str, present: int | None = None) -> list[str]:
-    """CUDA_VISIBLE_DEVICES's entries as CUDA reads them: device numbers below the `present`
-    GPUs' count (where known) and GPU or MIG UUIDs ("GPU-..." whole or a prefix, "MIG-..."), up
-    to the first entry it cannot read, after which it sees none. Seen on an H200: "1" (one GPU),
-    "GPU-" and a UUID without "GPU-" each left CUDA no GPU; "GPU-c002ef2a" found it."""
+    """CUDA_VISIBLE_DEVICES's entries as CUDA reads them, up to the first it cannot read (it sees
+    none after it). The rules are CUDA's as torch mirrors them (`torch.cuda._parse_visible_devices`,
+    read from torch 2.13): the first entry decides the list's kind; UUIDs ("GPU-..." whole or a
+    prefix, or "MIG-...") run until an entry of another kind; numbers (their leading digits, as C's
+    strtoul reads them) until one that is empty, negative or, where the GPUs' count is known
+    (`present`), past the last GPU; a number or UUID given twice leaves CUDA no GPU at all. Seen on
+    an H200, one GPU: "1", "GPU-" alone and a UUID without "GPU-" left CUDA none; "GPU-c002ef2a" (a
+    prefix) found it."""
     entries: list[str] = []
-    for entry in (e.strip() for e in text.split(",") if e.strip()):
-        number = entry.isdigit() and (present is None or int(entry) < present)
-        if not (number or (entry.startswith(("GPU-", "MIG-")) and len(entry) > len("GPU-"))):
-            break
+    items = [item.strip() for item in text.split(",")]
+    kind = next((prefix for prefix in ("GPU-", "MIG-") if items[0].startswith(prefix)), None)
+    for item in items:
+        if kind is not None:
+            if not item.startswith(kind) or item == kind:
+                break
+            entry = item
+        else:
+            digits = re.match(r"\+?[0-9]+", item)
+            if digits is None or (present is not None and int(digits.group()) >= present):
+                break
+            entry = str(int(digits.group()))
+        if entry in entries:
+            return []
         entries.append(entry)
     return entries
 

@@ -15,8 +15,10 @@ the scheduling benchmark (`bench/bench_scheduler.py`):
   wake, sleep and shutdown times by model size, a token rate, aborts, deaths and failed builds.
 
 Timings (by model size, from public vLLM reports and the project's CPU measurements): build 30 s
-plus 1.5 s per GB of weights (capped at 120 s), wake 1 s plus 1 s per 40 GB, sleep 1 s,
-shutdown 3 s, time to first token 0.15 s, then 300/sqrt(GB of weights) tokens a second.
+plus 1.5 s per GB of weights (capped at 120 s), wake 1 s plus 1 s per 40 GB, sleep 1 s plus
+0.43 s per GB (measured on an H200: pinning the host memory a sleep copies the weights into is
+most of it, `bench/bench_sleep_copies.py`), shutdown 3 s, time to first token 0.15 s, then
+300/sqrt(GB of weights) tokens a second.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ from app.engines.scheduler import Capacity
 # Loop steps at one virtual instant before the simulation calls it a busy loop (a real burst of
 # work at one instant, hundreds of requests arriving at once, takes thousands).
 BUSY_LOOP_STEPS = 200_000
+
+# Sleep (level 1) per GB of weights, measured on an H200 (docs/BENCHMARKS.md, 2026-11-29).
+SLEEP_S_PER_GB = 0.43
 
 
 class SimulationDeadlock(RuntimeError):
@@ -133,7 +138,12 @@ class SimulatedModel:
     def wake_s(self) -> float:
         return min(3.0, 1.0 + self.weights_gb / 40)
 
-    sleep_s = 1.0
+    @property
+    def sleep_s(self) -> float:
+        # Level 1 pins host memory for every weight and copies it there: 0.43 s per GB on an H200
+        # (bench/bench_sleep_copies.py: pinning 0.41, the copy 0.02), plus 1 s for the rest.
+        return 1.0 + SLEEP_S_PER_GB * self.weights_gb
+
     shutdown_s = 3.0
     first_token_s = 0.15
 

@@ -104,7 +104,8 @@ def test_gpu_count_comes_from_device_files_narrowed_by_cuda_visible_devices():
     # CUDA stops at an entry it cannot read: on the H200, a UUID without "GPU-" made none visible.
     assert detect_gpu_count({"CUDA_VISIBLE_DEVICES": "1,oops,0"}, two) == 1
     assert detect_gpu_count({"CUDA_VISIBLE_DEVICES": "b8165666-1092-95bb-2e75-a9fdb498f280"}, two) == 0
-    assert detect_gpu_count({"CUDA_VISIBLE_DEVICES": "GPU-b8165666,MIG-4a1c"}, two) == 2
+    assert detect_gpu_count({"CUDA_VISIBLE_DEVICES": "GPU-b8165666,MIG-4a1c"}, two) == 1
+    assert detect_gpu_count({"CUDA_VISIBLE_DEVICES": "0,0"}, two) == 0
     assert detect_gpu_count({"CUDA_VISIBLE_DEVICES": "2,0"}, two) == 0  # no third GPU
     assert detect_gpu_count({"CUDA_VISIBLE_DEVICES": "GPU-"}, two) == 0
     assert detect_gpu_count({"CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b,GPU-c"}, two) == 2

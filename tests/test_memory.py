@@ -508,7 +508,9 @@ class SimulatedNvml:
 
     def __init__(self, uuids: list[str], total: int = 150_754_820_096, reserved: int = 645_464_064) -> None:
         self.uuids, self.total, self.reserved = uuids, total, reserved
+        self.totals = [total] * len(uuids)
         self.used = [0] * len(uuids)
+        self.has_v2 = True
 
     def nvmlInit(self) -> None: ...
 
@@ -534,10 +536,12 @@ class SimulatedNvml:
         return handle
 
     def nvmlDeviceGetMemoryInfo(self, handle: int, version: int = 1) -> Any:
-        used = self.used[handle]
+        used, total = self.used[handle], self.totals[handle]
         if version == self.nvmlMemory_v2:
-            return SimpleNamespace(total=self.total, reserved=self.reserved, used=used)
-        return SimpleNamespace(total=self.total, used=used + self.reserved)
+            if not self.has_v2:
+                raise RuntimeError("Function Not Found")  # an older driver
+            return SimpleNamespace(total=total, reserved=self.reserved, used=used)
+        return SimpleNamespace(total=total, used=used + self.reserved)
 
 
 H200_UUIDS = ["GPU-b8165666-1092-95bb-2e75-a9fdb498f280", "GPU-0f2a9c41-5d3e-4b7a-9c1d-2e8f6a7b3c90"]
@@ -550,7 +554,12 @@ def test_cuda_visible_devices_are_read_as_cuda_reads_them(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", SimulatedNvml(H200_UUIDS))
     assert visible_devices({"CUDA_VISIBLE_DEVICES": H200_UUIDS[1]}) == [1]
     assert visible_devices({"CUDA_VISIBLE_DEVICES": "GPU-0f2a9c41,GPU-b8165666"}) == [1, 0]
-    assert visible_devices({"CUDA_VISIBLE_DEVICES": "GPU-b8165666-1092-95bb-2e75-a9fdb498f280,1"}) == [0, 1]
+    # The rules CUDA follows, as torch mirrors them: the first entry decides the kind of list, an
+    # empty entry ends it, and a GPU named twice leaves none.
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": "GPU-b8165666-1092-95bb-2e75-a9fdb498f280,1"}) == [0]
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": "1,,0"}) == [1]
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": "1,0,1"}) == []
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": "GPU-b816,GPU-b8165666"}) == []
     assert visible_devices({"CUDA_VISIBLE_DEVICES": "b8165666-1092-95bb-2e75-a9fdb498f280"}) == []
     assert visible_devices({"CUDA_VISIBLE_DEVICES": "1,GPU-zzzz,0"}) == [1]
     assert visible_devices({"CUDA_VISIBLE_DEVICES": "0,2,1"}) == [0]  # there is no third GPU
@@ -574,6 +583,23 @@ def test_gpu_memory_leaves_out_what_the_driver_reserves(monkeypatch):
     nvml.used = [8 * 2**30]
     assert gpu_memory("used") == [8 * 2**30]
     assert measured_gpu_memory() == [8 * 2**30]
+    nvml.has_v2 = False  # an older driver: its one call's figures, the reserve in them
+    assert gpu_memory("total") == [nvml.total] and gpu_memory("used") == [8 * 2**30 + nvml.reserved]
+
+
+def test_the_factory_sizes_the_gpus_cuda_visible_devices_names(monkeypatch):
+    """The budget is a share of each of the app's GPUs, those CUDA_VISIBLE_DEVICES names in its
+    order; an entry past what CUDA reads gives the app no GPU there, whatever the count says."""
+    nvml = SimulatedNvml(H200_UUIDS)
+    nvml.totals = [80 * 2**30, 48 * 2**30]
+    nvml.reserved = 0
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert VllmEngineFactory(Settings(gpu_count=1)).device_totals() == [48 * 2**30]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-b8165666,GPU-zzzz")
+    factory = VllmEngineFactory(Settings(gpu_count=2))
+    assert factory.device_totals() == [80 * 2**30]
+    assert factory._visible((0,)) == "0" and factory._visible((1,)) == ""
 
 
 def test_the_metrics_number_gpus_as_the_app_does(monkeypatch):

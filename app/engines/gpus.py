@@ -17,8 +17,9 @@ from app.config import cuda_visible_entries
 log = logging.getLogger(__name__)
 
 
-def gpu_memory(kind: str) -> list[int] | None:
-    """Every GPU's memory `used` or `total` in bytes, by NVML index; None where NVML fails."""
+def gpu_memory(kind: str, warn: bool = True) -> list[int] | None:
+    """Every GPU's memory `used` or `total` in bytes, by NVML index; None where NVML fails (said
+    in a warning unless `warn` is off: the metrics ask at every scrape)."""
     try:
         import pynvml
     except ImportError:
@@ -30,7 +31,8 @@ def gpu_memory(kind: str) -> list[int] | None:
             for i in range(pynvml.nvmlDeviceGetCount())
         ]
     except Exception:
-        log.warning("cannot read GPU memory through NVML")
+        if warn:
+            log.warning("cannot read GPU memory through NVML")
         return None
 
 
@@ -51,35 +53,36 @@ def device_memory(pynvml: Any, handle: Any, kind: str) -> int:
 def visible_devices(environ: Mapping[str, str] = os.environ) -> list[int] | None:
     """CUDA_VISIBLE_DEVICES as NVML indices (PCI bus order, which the factory makes CUDA use),
     read as CUDA reads it (`cuda_visible_entries`): numbers as they are, GPU UUIDs (or a prefix of
-    one, as CUDA allows) looked up, up to an entry that names no one GPU. None where it is not set."""
+    one, as CUDA allows) looked up, up to an entry that names no one GPU; two entries naming the
+    same GPU leave none. None where it is not set."""
     text = environ.get("CUDA_VISIBLE_DEVICES")
     if text is None:
         return None
-    indices: list[int] = []
-    uuids: list[str] | None = None
-    for entry in cuda_visible_entries(text, _gpu_count()):
-        if entry.isdigit():
-            indices.append(int(entry))
-            continue
-        try:
-            import pynvml
+    entries = cuda_visible_entries(text, _gpu_count())
+    if not entries or entries[0].isdigit():
+        return [int(entry) for entry in entries]
+    try:
+        import pynvml
 
-            pynvml.nvmlInit()
-            if entry.startswith("MIG-"):
-                indices.append(pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByUUID(entry)))
-                continue
-            if uuids is None:
-                uuids = [
-                    _text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
-                    for i in range(pynvml.nvmlDeviceGetCount())
-                ]
-        except Exception:
-            log.warning("cannot find GPU %s through NVML", entry)
-            break
+        pynvml.nvmlInit()
+        if entries[0].startswith("MIG-"):
+            # Not seen on a GPU here (no MIG on the machines lent): NVML's own lookup.
+            return [pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByUUID(e)) for e in entries]
+        uuids = [
+            _text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
+            for i in range(pynvml.nvmlDeviceGetCount())
+        ]
+    except Exception:
+        log.warning("cannot find the GPUs of CUDA_VISIBLE_DEVICES=%s through NVML", text)
+        return []
+    indices: list[int] = []
+    for entry in entries:
         matches = [index for index, uuid in enumerate(uuids) if uuid.startswith(entry)]
         if len(matches) != 1:
             log.warning("CUDA_VISIBLE_DEVICES entry %s names %d GPUs, not one", entry, len(matches))
             break
+        if matches[0] in indices:
+            return []
         indices.append(matches[0])
     return indices
 

@@ -169,6 +169,6 @@ def measured_gpu_memory() -> list[int]:
     """Bytes in use on each of the app's GPUs as NVML says (numbered as the app numbers them,
     through CUDA_VISIBLE_DEVICES), or nothing where there is no NVML (a CPU machine): NVML counts
     every process, so it shows what the scheduler's booking misses."""
-    used = gpu_memory("used") or []
+    used = gpu_memory("used", warn=False) or []
     visible = visible_devices()
     return used if visible is None else [used[i] for i in visible if i < len(used)]

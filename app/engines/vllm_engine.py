@@ -102,8 +102,10 @@ class VllmEngineFactory:
 
                 self._device_totals = [psutil.virtual_memory().total]
             else:
-                totals = gpu_memory("total")
-                self._device_totals = totals[: self._settings.gpu_count] if totals else []
+                # The app's GPUs are those CUDA_VISIBLE_DEVICES names, in its order.
+                totals = gpu_memory("total") or []
+                physical = self._physical(tuple(range(self._settings.gpu_count)))
+                self._device_totals = [totals[i] for i in physical if i < len(totals)]
                 if not self._device_totals:
                     raise EngineError(
                         "The GPUs' memory cannot be read (NVML); set APP_MEMORY_BUDGET in bytes."
@@ -296,9 +298,10 @@ class VllmEngineFactory:
         return VllmEngine(engine, owner, lora, footprint, counter)
 
     def _physical(self, devices: tuple[int, ...]) -> list[int]:
-        """NVML (PCI bus order) indices of the app's logical devices, through CUDA_VISIBLE_DEVICES."""
+        """NVML (PCI bus order) indices of the app's logical devices, through CUDA_VISIBLE_DEVICES:
+        none past what it names (those GPUs are not the app's, whatever `gpu_count` says)."""
         visible = visible_devices()
-        return [visible[d] if visible is not None and d < len(visible) else d for d in devices]
+        return [d if visible is None else visible[d] for d in devices if visible is None or d < len(visible)]
 
     def _visible(self, devices: tuple[int, ...]) -> str | None:
         """CUDA_VISIBLE_DEVICES for an engine placed on `devices` (None on CPU)."""

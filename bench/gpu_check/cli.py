@@ -70,7 +70,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, help="write the summary here (JSON; markdown for *.md)")
-    parser.add_argument("--dry-run", action="store_true", help="only write the model folders and check them")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--dry-run", action="store_true", help="only write the model folders and check them")
     parser.add_argument("--models-dir", type=Path, help="where the model folders go (default: a temp dir)")
     parser.add_argument("--swaps", type=int, default=20, help="swaps in each swap phase (default 20)")
     parser.add_argument("--tokens", type=int, default=16, help="tokens in each answer (default 16)")
@@ -79,7 +80,7 @@ def main() -> None:
     parser.add_argument("--util-large", type=float, help="gpu_memory_utilization of the 7B-class engine")
     parser.add_argument("--step-timeout", type=float, default=900.0, help="seconds any one step may take")
     parser.add_argument("--verbose", action="store_true", help="vLLM's INFO logs (default: warnings only)")
-    parser.add_argument(
+    only.add_argument(
         "--readings",
         action="store_true",
         help="only check the app's GPU readings against known allocations (torch's CUDA build, no vLLM)",
@@ -89,15 +90,15 @@ def main() -> None:
     if unknown := sorted(set(phases) - set(PHASES)):
         parser.error(f"unknown phases {unknown}; choose from {', '.join(PHASES)}")
 
+    if args.readings:
+        check_readings(args.out)
+
     scratch = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     models_dir = args.models_dir or scratch / "models"
     if args.dry_run:
         report = dry_run(models_dir)
         write_report(report, args.out)
         sys.exit(0 if report["ok"] else 1)
-
-    if args.readings:
-        check_readings(args.out)
 
     reason = why_not_runnable()
     if reason is not None:

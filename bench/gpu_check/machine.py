@@ -89,7 +89,10 @@ class Gpu:
         self._nvml = pynvml
         pynvml.nvmlInit()
         # The first GPU CUDA_VISIBLE_DEVICES names, read as the app reads it (a UUID's prefix too).
-        self.handle = pynvml.nvmlDeviceGetHandleByIndex((visible_devices() or [0])[0])
+        visible = visible_devices()
+        if visible == []:
+            raise RuntimeError("CUDA_VISIBLE_DEVICES names no GPU that CUDA would use")
+        self.handle = pynvml.nvmlDeviceGetHandleByIndex(visible[0] if visible else 0)
 
     @classmethod
     def get(cls) -> Gpu:
