@@ -10,7 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
+from gpu_check import readings
 from gpu_check.common import BUDGET_FRACTION, ENGINE_MARGIN_BYTES, SPECS, choose_pair
 from gpu_check.folders import cached_weights
 from gpu_check.phase import Model, Plan
@@ -186,3 +188,23 @@ def test_a_reading_of_a_held_allocation_is_the_allocation_and_at_most_a_context_
     held = 8 * 2**30
     assert within(int(8.596 * 2**30), held)  # the H200's per-process figure, context included
     assert not within(held - 1, held) and not within(held + 3 * 2**30, held) and not within(None, held)
+
+
+@pytest.mark.parametrize("via_parent", [False, True])
+def test_a_holder_says_when_it_holds_and_goes_when_told(monkeypatch, via_parent: bool):
+    """The holders' protocol, without a GPU: a stand-in that holds nothing says "ready", lives
+    until its standard input closes (directly, or as the child of a process that waits for it),
+    and one that never says so is given up on at the deadline instead of hanging the check."""
+    monkeypatch.setattr(readings, "HOLDER", "import sys; print('ready', 7, flush=True); sys.stdin.read()")
+    holder = readings.Holder(0, via_parent=via_parent)
+    assert holder.reserved == 7 and holder.process.poll() is None
+    holder.close()
+    assert holder.process.returncode == 0
+    stuck = f"import time; time.sleep(60)  # stuck holder {via_parent}"
+    monkeypatch.setattr(readings, "HOLDER", stuck)
+    monkeypatch.setattr(readings, "READY_TIMEOUT_S", 1.0)
+    with pytest.raises(RuntimeError, match="did not allocate"):
+        readings.Holder(0, via_parent=via_parent)
+    # Nothing of it is left, the parent's child included (on a GPU, it would hold memory).
+    left = [p for p in psutil.process_iter(["cmdline"]) if stuck in " ".join(p.info["cmdline"] or [])]
+    assert not left

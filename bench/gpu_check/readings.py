@@ -12,8 +12,10 @@ This process never starts CUDA itself: the holders and probes are fresh interpre
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -85,7 +87,7 @@ class Holder:
         if via_parent:
             command = [sys.executable, "-c", PARENT, HOLDER, str(size)]
         self.process = subprocess.Popen(  # noqa: S603 - this Python, fixed code
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True
         )
         self.pid = self.process.pid
         line = self._ready_line()
@@ -103,8 +105,14 @@ class Holder:
                 return line
             if not line:
                 break
-        self.close()
+        self.kill()
         raise RuntimeError("the holder did not allocate its memory")
+
+    def kill(self) -> None:
+        """Ends the holder and its child at once (a stuck one may never read its input)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
 
     def close(self) -> None:
         if self.process.stdin is not None and not self.process.stdin.closed:
@@ -112,8 +120,7 @@ class Holder:
         try:
             self.process.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+            self.kill()
 
 
 def cuda_facts(env: dict[str, str] | None = None) -> dict[str, Any]:
