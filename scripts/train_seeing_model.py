@@ -1,6 +1,7 @@
 """Trains a seeing demo model into the folder the app serves it from, from its fixed seed, then
 reports its accuracy per question kind on held-out questions, the foreign set, the README's
-example and tidy rows of three shapes as the page's example picture, through the real vLLM engine:
+example, tidy rows of three shapes as the page's example picture and the pictures of a third hand,
+through the real vLLM engine:
 
     .venv/bin/python scripts/train_seeing_model.py [--model first|second] [--out DIR] [--per-kind N]
 
@@ -56,6 +57,9 @@ from app.demo.seeing_model import Steps  # noqa: E402
 # Not training's seed, nor the tests': questions about pictures no run has seen.
 EVALUATION_SEED = 31
 FOREIGN = ROOT / "tests" / "data" / "foreign-shapes"
+# Pictures of a third hand (`scripts/make_third_hand_eval.py`), never used to tune a run: where
+# two runs differ on the foreign set, this says whether the difference carries to other pictures.
+THIRD_HAND = ROOT / "tests" / "data" / "third-hand-shapes"
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,11 @@ def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
                 said = await answers(manager, recipe.key, decoder, asked)
             pictures = len({q.files for q in asked})
             print(f"tidy rows of three, as the page's example picture ({pictures} pictures):")
+            for kind, (right, count) in tally(asked, said).items():
+                print(f"  {kind:12} {right}/{count} = {right / count:.0%}")
+            asked = [q for q in foreign_set(THIRD_HAND) if q.kind in recipe.foreign_kinds]
+            said = await answers(manager, recipe.key, decoder, asked)
+            print(f"a third hand ({THIRD_HAND.relative_to(ROOT)}), to choose between runs:")
             for kind, (right, count) in tally(asked, said).items():
                 print(f"  {kind:12} {right}/{count} = {right / count:.0%}")
             strangers = [q for q in stranger_questions(FOREIGN) if q.kind in recipe.kinds]

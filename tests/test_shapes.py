@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import colorsys
+import importlib.util
 import json
 import random
 import re
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from app.demo import shapes
 from app.demo.seeing_check import FOREIGN_KINDS, STRANGER_WORDINGS
@@ -221,3 +223,31 @@ def test_the_foreign_set_is_drawn_by_other_code_and_small():
     assert all((FOREIGN / row["file"]).is_file() for row in rows)
     assert {Path(row["file"]).suffix for row in rows} == {".png", ".jpg"}
     assert sum(f.stat().st_size for f in FOREIGN.iterdir()) < 2_500_000
+
+
+def test_the_third_hands_set_is_drawn_by_other_code_again_the_same_and_small(tmp_path: Path, monkeypatch):
+    """Numpy's signed distances draw it, sharing no code with the training generator or the
+    foreign set's script; drawn again from its seed, it is the set committed, answers and pixels."""
+    script = ROOT / "scripts" / "make_third_hand_eval.py"
+    imported = {
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(ast.parse(script.read_text()))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+    assert not any(name and (name.startswith("app") or name == "cv2") for name in imported), imported
+    spec = importlib.util.spec_from_file_location("make_third_hand_eval", script)
+    assert spec is not None and spec.loader is not None
+    third = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(third)
+    committed = third.FOLDER
+    monkeypatch.setattr(third, "ROOT", tmp_path)
+    monkeypatch.setattr(third, "FOLDER", tmp_path / "again")
+    third.main()
+    rows = json.loads((committed / "answers.json").read_text())
+    assert json.loads((tmp_path / "again" / "answers.json").read_text()) == rows
+    assert {row["kind"] for row in rows} == set(third.KINDS)
+    for row in rows[::7]:
+        again = np.asarray(Image.open(tmp_path / "again" / row["file"]).convert("RGB"), dtype=np.int16)
+        assert np.abs(again - np.asarray(Image.open(committed / row["file"]).convert("RGB"))).max() <= 2
+    assert sum(f.stat().st_size for f in committed.iterdir()) < 2_500_000
