@@ -23,6 +23,10 @@ SIZES_GIB = (2, 8, 16)
 ROUNDS = 3
 
 
+def median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
 def main() -> None:
     try:
         import psutil
@@ -66,9 +70,6 @@ def main() -> None:
             del host
         del weights
         torch.cuda.empty_cache()
-
-        def median(values: list[float]) -> float:
-            return sorted(values)[len(values) // 2]
 
         gb = size / 1e9
         print(

@@ -15,8 +15,9 @@ import pytest
 from gpu_check import readings
 from gpu_check.common import BUDGET_FRACTION, ENGINE_MARGIN_BYTES, SPECS, choose_pair
 from gpu_check.folders import cached_weights
+from gpu_check.machine import why_no_cuda
 from gpu_check.phase import Model, Plan
-from gpu_check.readings import why_not_readable, within
+from gpu_check.readings import within
 from gpu_check.report import markdown
 
 from app.engines.memory import GPU_ENGINE_OVERHEAD_BYTES
@@ -173,7 +174,7 @@ def test_engines_cap_pictures_and_fall_back_to_float16_on_older_gpus(monkeypatch
     assert engine_args(Path("/m"), 0.4)["dtype"] == "float16"
 
 
-@pytest.mark.skipif(why_not_readable() is None, reason="a GPU here: --readings would run")
+@pytest.mark.skipif(why_no_cuda() is None, reason="a GPU here: --readings would run")
 def test_the_readings_check_says_in_one_line_why_it_cannot_run_here():
     """`--readings` needs torch's CUDA build and NVML, not vLLM (the H200 lent on 2026-11-29 had
     no vLLM); on this machine it stops with one line and status 2, before touching anything."""

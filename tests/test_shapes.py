@@ -208,15 +208,19 @@ def test_the_tidy_picture_is_the_first_versions():
     assert image.getpixel((0, 0)) == shapes.BACKGROUND and image.getpixel((50, 75)) == shapes.COLOURS["red"]
 
 
-def test_the_foreign_set_is_drawn_by_other_code_and_small():
-    """It shares no code with the training generator, has every kind, and stays small."""
-    script = ROOT / "scripts" / "make_foreign_eval.py"
-    imported = {
+def imports_of(script: Path) -> set[str | None]:
+    """The modules a script imports, read from its source (it is not run)."""
+    return {
         node.module if isinstance(node, ast.ImportFrom) else alias.name
         for node in ast.walk(ast.parse(script.read_text()))
         if isinstance(node, ast.Import | ast.ImportFrom)
         for alias in node.names
     }
+
+
+def test_the_foreign_set_is_drawn_by_other_code_and_small():
+    """It shares no code with the training generator, has every kind, and stays small."""
+    imported = imports_of(ROOT / "scripts" / "make_foreign_eval.py")
     assert not any(name and name.startswith("app") for name in imported), imported
     rows = json.loads((FOREIGN / "answers.json").read_text())
     assert {row["kind"] for row in rows} == FOREIGN_KINDS
@@ -229,12 +233,7 @@ def test_the_third_hands_set_is_drawn_by_other_code_again_the_same_and_small(tmp
     """Numpy's signed distances draw it, sharing no code with the training generator or the
     foreign set's script; drawn again from its seed, it is the set committed, answers and pixels."""
     script = ROOT / "scripts" / "make_third_hand_eval.py"
-    imported = {
-        node.module if isinstance(node, ast.ImportFrom) else alias.name
-        for node in ast.walk(ast.parse(script.read_text()))
-        if isinstance(node, ast.Import | ast.ImportFrom)
-        for alias in node.names
-    }
+    imported = imports_of(script)
     assert not any(name and (name.startswith("app") or name == "cv2") for name in imported), imported
     spec = importlib.util.spec_from_file_location("make_third_hand_eval", script)
     assert spec is not None and spec.loader is not None

@@ -59,9 +59,9 @@ from .common import choose_pair, describe_model, fitted_utilization, log
 from .dry_run import dry_run
 from .engine_check import PHASES, run_check
 from .folders import cached_weights, write_model_folders
-from .machine import Gpu, describe_machine, why_not_runnable
+from .machine import Gpu, describe_machine, why_no_cuda, why_not_runnable
 from .phase import Model, Plan
-from .readings import readings_markdown, run_readings, why_not_readable
+from .readings import readings_markdown, run_readings
 from .report import write_report
 
 
@@ -158,7 +158,7 @@ def main() -> None:
 
 def check_readings(out: Path | None) -> None:
     """`--readings`: the app's GPU readings (see `readings.py`); exits with the check's status."""
-    reason = why_not_readable()
+    reason = why_no_cuda()
     if reason is not None:
         print(f"gpu_check --readings needs an NVIDIA GPU and torch's CUDA build ({reason}).", file=sys.stderr)
         sys.exit(2)

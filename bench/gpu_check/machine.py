@@ -24,9 +24,9 @@ from app.engines.gpus import device_memory, visible_devices
 from .common import GIB, MEMORY_RETURN_TIMEOUT_S, MEMORY_SLACK_BYTES, describe_error, gib
 
 
-def why_not_runnable() -> str | None:
-    """Why this machine cannot run the engine check (None where it can), without starting CUDA
-    in this process (the engines' processes must be the ones that do)."""
+def why_no_cuda() -> str | None:
+    """Why this machine has no GPU to check (None where it has): torch's CUDA build and a GPU that
+    NVML reads, without starting CUDA in this process (`--readings` needs no more)."""
     try:
         import torch
     except ImportError:
@@ -41,6 +41,15 @@ def why_not_runnable() -> str | None:
             return "NVML finds no GPU"
     except Exception as error:
         return f"NVML cannot read the GPUs ({describe_error(error)})"
+    return None
+
+
+def why_not_runnable() -> str | None:
+    """Why this machine cannot run the engine check (None where it can), without starting CUDA
+    in this process (the engines' processes must be the ones that do): `why_no_cuda`, and vLLM's
+    CUDA build."""
+    if (reason := why_no_cuda()) is not None:
+        return reason
     try:
         from vllm.platforms import current_platform
     except Exception as error:

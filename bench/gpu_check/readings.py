@@ -1,7 +1,7 @@
 """`--readings`: the app's own GPU readings, checked on a real GPU against known allocations.
 
 The app finds its GPUs, sizes its budget and measures what each engine's build took through
-NVML (`app.config.detect_gpu_count`, `app.engines.vllm_engine`, `app.engines.metrics`). Those
+NVML (`app.config.detect_gpu_count`, `app.engines.gpus`, `app.engines.metrics`). Those
 readings decide what fits, and nothing else checks them on a GPU: the engine check needs vLLM's
 CUDA build, these need only a CUDA build of torch and NVML. A process that holds a known number
 of bytes on the GPU stands in for an engine (directly, and as the child of a process that never
@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .common import GIB, describe_error, gib, log
+from .machine import Gpu, wait_for_memory
 
 HOLD_BYTES = 8 * GIB
 # What a process's CUDA context may add to what it allocates, on any GPU (a few hundred MiB).
@@ -54,25 +55,6 @@ print(torch.cuda.device_count(), total, free, getattr(props, "uuid", ""))
 """
 
 
-def why_not_readable() -> str | None:
-    """Why the readings cannot be checked here (None where they can): torch's CUDA build and NVML."""
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if torch.version.cuda is None:
-        return f"torch {torch.__version__} here is not a CUDA build"
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        if pynvml.nvmlDeviceGetCount() == 0:
-            return "NVML finds no GPU"
-    except Exception as error:
-        return f"NVML cannot read the GPUs ({describe_error(error)})"
-    return None
-
-
 def within(measured: int | None, held: int) -> bool:
     """A reading of a holder of `held` bytes: at least those, and no more than a context above."""
     return measured is not None and held <= measured <= held + CONTEXT_ALLOWANCE_BYTES
@@ -82,12 +64,12 @@ class Holder:
     """A fresh interpreter holding `size` bytes on the GPU, directly or as a child of one that
     never starts CUDA (`via_parent`); `pid` is the outer process."""
 
-    def __init__(self, size: int, via_parent: bool = False, env: dict[str, str] | None = None) -> None:
+    def __init__(self, size: int, via_parent: bool = False) -> None:
         command = [sys.executable, "-c", HOLDER, str(size)]
         if via_parent:
             command = [sys.executable, "-c", PARENT, HOLDER, str(size)]
         self.process = subprocess.Popen(  # noqa: S603 - this Python, fixed code
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
         )
         self.pid = self.process.pid
         line = self._ready_line()
@@ -152,8 +134,6 @@ def run_readings() -> dict[str, Any]:
     from app.engines.gpus import gpu_memory, process_gpu_memory, visible_devices
     from app.engines.metrics import measured_gpu_memory
     from app.engines.vllm_engine import VllmEngineFactory
-
-    from .machine import Gpu, wait_for_memory
 
     steps: list[dict[str, Any]] = []
 
@@ -265,12 +245,12 @@ def run_readings() -> dict[str, Any]:
     step("the factory's capacity", capacity)
     step(f"a process holding {gib(HOLD_BYTES)} GiB", held(via_parent=False))
     step(f"a child process holding {gib(HOLD_BYTES)} GiB", held(via_parent=True))
-    if pynvml.nvmlDeviceGetCount() != 1:
+    if pynvml.nvmlDeviceGetCount() == 1:
         # Each setting is checked against what CUDA then sees of this one GPU (NVML's 0).
+        for text in ("0", uuid, uuid[:12], uuid.removeprefix("GPU-"), f"{uuid[:12]},GPU-zzzz", "GPU-", "1"):
+            step(f"CUDA_VISIBLE_DEVICES={text}", visible(text))
+    else:
         log("CUDA_VISIBLE_DEVICES is checked on a machine of one GPU only")
-        return {"mode": "readings", "ok": all(s.get("ok") is not False for s in steps), "steps": steps}
-    for text in ("0", uuid, uuid[:12], uuid.removeprefix("GPU-"), f"{uuid[:12]},GPU-zzzz", "GPU-", "1"):
-        step(f"CUDA_VISIBLE_DEVICES={text}", visible(text))
     return {"mode": "readings", "ok": all(s.get("ok") is not False for s in steps), "steps": steps}
 
 
