@@ -15,6 +15,8 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
+import bench_scheduler
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from simulated_gpu import (
@@ -268,6 +270,48 @@ def test_the_policy_evicts_idle_engines_before_busy_ones_and_waits_out_a_quantum
     assert waiting.action == "wait" and waiting.until == 40.0 and waiting.blocking == ("busy",)
     draining = decide(head, [busy], Capacity((need.per_device,)), quantum_s=30.0, now=40.0)
     assert draining.action == "drain" and draining.drain == ("busy",)
+
+
+def test_making_room_shuts_down_no_sleeping_engine_that_the_room_does_not_need():
+    """Draining one engine whose quantum is over makes room for the head; the sleeping engines
+    ahead of it in the eviction order stay asleep (shutting one down frees only its residue and
+    costs a rebuild later)."""
+    need = SimulatedModel("x", 25.0, kv_gb=4).need
+    asleep = [
+        Resident(f"asleep{i}", need, (0,), Phase.ASLEEP, last_used=float(i), can_sleep=True) for i in range(2)
+    ]
+    busy = Resident("busy", need, (0,), Phase.AWAKE, leases=1, last_used=9.0, ready_since=0.0, can_sleep=True)
+    budget = need.per_device * 3 // 2 + 2 * need.asleep_per_device
+    head = Head("new", need, arrived=10.0)
+    decision = decide(head, [*asleep, busy], Capacity((budget,), host_budget=0), quantum_s=30.0, now=40.0)
+    assert decision.action == "drain" and decision.drain == ("busy",)
+    assert decision.evict == ()
+
+
+def test_the_head_waits_out_a_quantum_rather_than_shut_sleeping_engines_down():
+    """Shutting two sleeping engines down would make room now but cost two builds later; the
+    engine in use can sleep once its quantum is over, so the head waits for that."""
+    need = SimulatedModel("x", 25.0, kv_gb=4).need
+    asleep = [
+        Resident(f"asleep{i}", need, (0,), Phase.ASLEEP, last_used=float(i), can_sleep=True) for i in range(2)
+    ]
+    busy = Resident("busy", need, (0,), Phase.AWAKE, leases=1, last_used=9.0, ready_since=0.0, can_sleep=True)
+    capacity = Capacity((2 * need.per_device,), host_budget=10 * need.asleep_host)
+    head = Head("new", need, arrived=10.0)
+    decision = decide(head, [*asleep, busy], capacity, quantum_s=30.0, now=11.0)
+    assert decision.action == "wait" and decision.blocking == ("busy",) and decision.until == 40.0
+    later = decide(head, [*asleep, busy], capacity, quantum_s=30.0, now=40.0)
+    assert later.action == "drain" and later.drain == ("busy",) and later.evict == ()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_scheduling_benchmarks_traces_answer_every_message_within_the_budgets(seed: int):
+    """An hour of 16 users on six models (bench/bench_scheduler.py's traces): no answer cut by a
+    sleep or a shutdown, no budget exceeded, under the app's policy."""
+    trace = bench_scheduler.make_trace(16, 1.0, seed)
+    result = bench_scheduler.replay(trace, bench_scheduler.POLICIES[0])
+    assert result.errors == 0 and result.violations == 0
+    assert len(result.waits) == sum(map(len, trace))
 
 
 def test_the_states_the_ui_shows_follow_a_sleep_a_wait_a_failed_wake_and_a_rebuild():

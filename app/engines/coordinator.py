@@ -151,7 +151,9 @@ class Coordinator:
             self._settings.quantum_s,
             now,
         )
-        self._set_draining(set(decision.drain))
+        # The engine evicted in this step stays closed too: reopened (it may have drained for an
+        # earlier decision), it would take a waiting request and be put to sleep under it.
+        self._set_draining(set(decision.drain) | {eviction.key for eviction in decision.evict[:1]})
         self._describe_line(slot, decision)
         if decision.action == "load":
             await lifecycle.load(slot, decision.devices)

@@ -15,6 +15,10 @@ The rules, in the order they apply:
   became ready, whichever is later); then it stops admitting, its answers finish (the drain,
   bounded by the mechanism's drain time), and it is evicted. So a waiter waits at most a
   quantum, a drain and a load per model ahead of it.
+- Of the ways to make room, the one that shuts the fewest engines down wins (a shut-down
+  engine costs a build of a minute or two when it is next asked for; waiting out a quantum is
+  bounded), then the one that waits for the fewest quanta; engines the room does not need are
+  left alone.
 - An evicted engine sleeps (weights to host memory) where it can and the host budget has room,
   else it is shut down.
 - Memory is counted per device: awake engines take their need on each device they span,
@@ -164,6 +168,22 @@ def decide(
                 return False
         return True
 
+    def without_spares(trial: _Trial) -> _Trial:
+        """`trial` less the victims the room does not need, latest in the order first: the
+        shortest prefix of the order that makes room may hold engines ahead of the one that
+        does (sleeping engines ahead of a large one whose quantum is over), and shutting a
+        sleeping engine down frees only its residue but costs a build when it is next asked for.
+        Fewer victims sleep no less: each one's host memory was counted when it was chosen."""
+        for victim in reversed(list(trial.victims)):
+            fewer = _Trial(
+                trial.devices,
+                [v for v in trial.victims if v is not victim],
+                {key: sleeps for key, sleeps in trial.sleeps.items() if key != victim.key},
+            )
+            if fits(fewer):
+                trial = fewer
+        return trial
+
     def search(devices: tuple[int, ...], order: list[Resident]) -> _Trial | None:
         """The fewest victims (in `order`) that make room, each sleeping where the host has room
         for it (a wake later costs seconds, a build a minute); only where sleeping residues
@@ -178,27 +198,35 @@ def decide(
                 trial.sleeps[victim.key] = sleeps and victim.need.asleep_host <= host_free
                 host_free -= victim.need.asleep_host if trial.sleeps[victim.key] else 0
             if fits(trial):
-                return trial
+                return without_spares(trial)
             trials.append(trial)
         for trial in trials:
             for victim in trial.victims:
                 if trial.sleeps[victim.key]:
                     trial.sleeps[victim.key] = False
                     if fits(trial):
-                        return trial
+                        return without_spares(trial)
         return None
 
-    best: tuple[tuple[int, int, int], _Trial] | None = None
+    best: tuple[tuple[int, int, int, int], _Trial] | None = None
     for devices in candidates:
-        for order in ([*idle, *asleep, *expired], [*idle, *asleep, *expired, *running]):
+        # Sleeping engines (a shutdown each) before or after awake ones (a sleep each), and
+        # engines whose quantum is not over only where nothing else makes room.
+        orders = (
+            [*idle, *asleep, *expired],
+            [*idle, *expired, *asleep],
+            [*idle, *asleep, *expired, *running],
+            [*idle, *expired, *running, *asleep],
+        )
+        for order in orders:
             trial = search(devices, order)
             if trial is not None:
                 in_use = sum(1 for v in trial.victims if v.leases)
                 not_yet = sum(1 for v in trial.victims if v in running)
-                score = (not_yet, in_use, len(trial.victims))
+                shutdowns = sum(1 for v in trial.victims if not trial.sleeps[v.key])
+                score = (shutdowns, not_yet, in_use, len(trial.victims))
                 if best is None or score < best[0]:
                     best = (score, trial)
-                break
     if best is None:
         # Engines being loaded or unloaded hold the memory: wait for them to finish.
         return Decision("wait", head.key, reason="waiting for memory being freed")
