@@ -30,8 +30,8 @@ from simulated_gpu import (
 from app.config import Settings
 from app.engines.base import EngineError, ModelState, ModelStatus, SamplingSettings, StreamEnd
 from app.engines.manager import EngineManager
-from app.engines.memory import GIB
-from app.engines.scheduler import Capacity, Head, Phase, Resident, decide
+from app.engines.memory import GIB, MemoryNeed
+from app.engines.scheduler import Capacity, Eviction, Head, Phase, Resident, decide
 
 # One 80 GB GPU at a 0.9 budget; together the models need more than that, so they swap.
 MODELS = [
@@ -288,6 +288,23 @@ def test_making_room_shuts_down_no_sleeping_engine_that_the_room_does_not_need()
     assert decision.evict == ()
 
 
+def test_a_victim_the_room_does_not_need_leaves_its_host_memory_to_the_one_it_does():
+    """The smaller idle engine would sleep first and take host memory the larger one then lacks;
+    the larger one alone makes room, so it sleeps instead of being shut down."""
+    gb = 10**9
+    small = Resident(
+        "small", MemoryNeed(4 * gb, 4 * gb, 3 * GIB, 1), (0,), Phase.AWAKE, 0, 1.0, can_sleep=True
+    )
+    large = Resident(
+        "large", MemoryNeed(40 * gb, 8 * gb, 3 * GIB, 1), (0,), Phase.AWAKE, 0, 5.0, can_sleep=True
+    )
+    head = Head("new", MemoryNeed(20 * gb, 4 * gb, 3 * GIB, 1), arrived=10.0)
+    budget = small.need.per_device + large.need.asleep_per_device + head.need.per_device
+    capacity = Capacity((budget,), host_budget=large.need.asleep_host)
+    decision = decide(head, [small, large], capacity, quantum_s=30.0, now=11.0)
+    assert decision.evict == (Eviction("large", sleep=True),)
+
+
 def test_the_head_waits_out_a_quantum_rather_than_shut_sleeping_engines_down():
     """Shutting two sleeping engines down would make room now but cost two builds later; the
     engine in use can sleep once its quantum is over, so the head waits for that."""
@@ -302,6 +319,21 @@ def test_the_head_waits_out_a_quantum_rather_than_shut_sleeping_engines_down():
     assert decision.action == "wait" and decision.blocking == ("busy",) and decision.until == 40.0
     later = decide(head, [*asleep, busy], capacity, quantum_s=30.0, now=40.0)
     assert later.action == "drain" and later.drain == ("busy",) and later.evict == ()
+
+
+def test_a_head_behind_two_busy_models_waits_one_drain_not_their_whole_traffic():
+    """Two models kept busy by a stream of requests, a third asked for once: either busy engine
+    makes room, and the one being drained stays the one drained (its finished answers must not
+    hand the turn to the other, reopening it, over and over while the head waits)."""
+    models = [SimulatedModel("x", 25.0), SimulatedModel("y", 25.0), SimulatedModel("h", 25.0)]
+    requests = [Request(0.0, 0, 50, None), Request(0.1, 1, 50, None), Request(140.0, 2, 50, None)]
+    requests += [Request(60.0 + 3 * k + 0.7 * m, m, 600, None) for k in range(400) for m in (0, 1)]
+    run = simulate(Trace(requests), models, None, True)
+    head = run.outcomes[2]
+    assert head.granted is not None
+    one_turn = QUANTUM_S + DRAIN_S + models[0].sleep_s + models[2].build_s + 5.0
+    assert head.granted - head.started <= one_turn
+    check(run, models)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -151,9 +151,10 @@ class Coordinator:
             self._settings.quantum_s,
             now,
         )
-        # The engine evicted in this step stays closed too: reopened (it may have drained for an
-        # earlier decision), it would take a waiting request and be put to sleep under it.
-        self._set_draining(set(decision.drain) | {eviction.key for eviction in decision.evict[:1]})
+        # Engines to be evicted stay closed too: reopened (they may have drained for an earlier
+        # decision), they would take waiting requests, then be put to sleep under them or drained
+        # a second time.
+        self._set_draining(set(decision.drain) | {eviction.key for eviction in decision.evict})
         self._describe_line(slot, decision)
         if decision.action == "load":
             await lifecycle.load(slot, decision.devices)

@@ -133,6 +133,7 @@ class Lifecycle:
                     slot.last_used,
                     slot.ready_since,
                     can_sleep,
+                    slot.draining,
                 )
             )
         residents += [Resident(f"{d.key} (stopped)", d.need, d.devices, Phase.BUSY) for d in self.dead]

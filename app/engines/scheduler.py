@@ -9,16 +9,19 @@ The rules, in the order they apply:
 - Requests for a model that is awake and not draining start at once (its engine batches them).
 - The others wait in one line in arrival order. Only the model of the oldest waiting request
   (the head) may be loaded next, so no model overtakes one that waited longer (no starvation).
-- Room for the head is made from, in order: awake engines nobody uses (least recently used
-  first), sleeping engines (their GPU residue), then awake engines in use whose quantum is over.
+- Room for the head is made from awake engines nobody uses, sleeping engines (their GPU
+  residue, by shutting them down) and awake engines in use whose quantum is over (least recently
+  used first, one already draining before the others).
   An engine in use keeps its users for `quantum_s` after the head started waiting (or after it
   became ready, whichever is later); then it stops admitting, its answers finish (the drain,
   bounded by the mechanism's drain time), and it is evicted. So a waiter waits at most a
   quantum, a drain and a load per model ahead of it.
 - Of the ways to make room, the one that shuts the fewest engines down wins (a shut-down
   engine costs a build of a minute or two when it is next asked for; waiting out a quantum is
-  bounded), then the one that waits for the fewest quanta; engines the room does not need are
-  left alone.
+  bounded), then the one that waits for the fewest quanta, then the one that takes the fewest
+  engines in use; engines the room does not need are left alone. Costs are counted, not
+  weighed: a sleeper nobody has asked for in an hour is kept as dearly as one asked for a
+  minute ago (the idle reaper shuts it down after `idle_unload_s`).
 - An evicted engine sleeps (weights to host memory) where it can and the host budget has room,
   else it is shut down.
 - Memory is counted per device: awake engines take their need on each device they span,
@@ -54,6 +57,9 @@ class Resident:
     last_used: float = 0.0
     ready_since: float = 0.0
     can_sleep: bool = False
+    # Draining for the head already: it stays the one drained (its answers ending move its
+    # `last_used`, which must not hand the turn to another engine and reopen this one).
+    draining: bool = False
 
     def usage(self) -> int:
         """Bytes it takes on each of its devices now."""
@@ -146,7 +152,10 @@ def decide(
     idle = sorted((r for r in awake if r.phase is Phase.AWAKE and r.leases == 0), key=lambda r: r.last_used)
     asleep = sorted((r for r in others if r.phase is Phase.ASLEEP), key=lambda r: r.last_used)
     busy = [r for r in awake if r.phase is Phase.AWAKE and r.leases > 0]
-    expired = sorted((r for r in busy if quantum_over(r, head, quantum_s, now)), key=lambda r: r.last_used)
+    expired = sorted(
+        (r for r in busy if quantum_over(r, head, quantum_s, now)),
+        key=lambda r: (not r.draining, r.last_used),
+    )
     running = sorted((r for r in busy if r not in expired), key=lambda r: r.ready_since)
 
     def fits(trial: _Trial) -> bool:
@@ -168,20 +177,29 @@ def decide(
                 return False
         return True
 
+    def with_sleeps(devices: tuple[int, ...], victims: list[Resident]) -> _Trial:
+        """Each victim sleeps, in order, where it can and the host budget still has room."""
+        trial = _Trial(devices, victims)
+        host_free = capacity.host_budget - host_in_use(residents)
+        for victim in victims:
+            sleeps = victim.phase is Phase.AWAKE and victim.can_sleep
+            trial.sleeps[victim.key] = sleeps and victim.need.asleep_host <= host_free
+            host_free -= victim.need.asleep_host if trial.sleeps[victim.key] else 0
+        return trial
+
     def without_spares(trial: _Trial) -> _Trial:
         """`trial` less the victims the room does not need, latest in the order first: the
         shortest prefix of the order that makes room may hold engines ahead of the one that
         does (sleeping engines ahead of a large one whose quantum is over), and shutting a
         sleeping engine down frees only its residue but costs a build when it is next asked for.
-        Fewer victims sleep no less: each one's host memory was counted when it was chosen."""
+        The host memory a dropped victim would have taken may now let another one sleep."""
         for victim in reversed(list(trial.victims)):
-            fewer = _Trial(
-                trial.devices,
-                [v for v in trial.victims if v is not victim],
-                {key: sleeps for key, sleeps in trial.sleeps.items() if key != victim.key},
-            )
-            if fits(fewer):
-                trial = fewer
+            rest = [v for v in trial.victims if v is not victim]
+            kept = _Trial(trial.devices, rest, {v.key: trial.sleeps[v.key] for v in rest})
+            for fewer in (with_sleeps(trial.devices, rest), kept):
+                if fits(fewer):
+                    trial = fewer
+                    break
         return trial
 
     def search(devices: tuple[int, ...], order: list[Resident]) -> _Trial | None:
@@ -191,12 +209,7 @@ def decide(
         relevant = [r for r in order if set(r.devices) & set(devices) or capacity.max_awake is not None]
         trials = []
         for count in range(len(relevant) + 1):
-            trial = _Trial(devices, list(relevant[:count]))
-            host_free = capacity.host_budget - host_in_use(residents)
-            for victim in trial.victims:
-                sleeps = victim.phase is Phase.AWAKE and victim.can_sleep
-                trial.sleeps[victim.key] = sleeps and victim.need.asleep_host <= host_free
-                host_free -= victim.need.asleep_host if trial.sleeps[victim.key] else 0
+            trial = with_sleeps(devices, list(relevant[:count]))
             if fits(trial):
                 return without_spares(trial)
             trials.append(trial)
