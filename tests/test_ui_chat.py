@@ -64,6 +64,9 @@ RECORD_ANSWER_LENGTHS = """([answersSelector, waiting]) => {
 
 
 def test_an_image_question_gets_a_streamed_answer(page: Page):
+    # The twin runs every answer to its max tokens: the page's default took 77 s on a slow
+    # 2-core machine alone and past the 120 s wait beside a training run; 128 still streams.
+    set_max_tokens(page, "chat", 128)
     page.evaluate(RECORD_ANSWER_LENGTHS, [ANSWERS, WAITING])
     send(page, "What shapes do you see?", [EXAMPLES / "shapes.png"])
     final = wait_for_answer(page)
