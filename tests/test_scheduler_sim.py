@@ -272,15 +272,21 @@ def test_the_policy_evicts_idle_engines_before_busy_ones_and_waits_out_a_quantum
     assert draining.action == "drain" and draining.drain == ("busy",)
 
 
+def two_sleepers_and_one_in_use(need: MemoryNeed) -> tuple[list[Resident], Resident]:
+    """Two sleeping engines and one in use (ready at 0 s, last used at 9 s), all of `need`."""
+    asleep = [
+        Resident(f"asleep{i}", need, (0,), Phase.ASLEEP, last_used=float(i), can_sleep=True) for i in range(2)
+    ]
+    busy = Resident("busy", need, (0,), Phase.AWAKE, leases=1, last_used=9.0, ready_since=0.0, can_sleep=True)
+    return asleep, busy
+
+
 def test_making_room_shuts_down_no_sleeping_engine_that_the_room_does_not_need():
     """Draining one engine whose quantum is over makes room for the head; the sleeping engines
     ahead of it in the eviction order stay asleep (shutting one down frees only its residue and
     costs a rebuild later)."""
     need = SimulatedModel("x", 25.0, kv_gb=4).need
-    asleep = [
-        Resident(f"asleep{i}", need, (0,), Phase.ASLEEP, last_used=float(i), can_sleep=True) for i in range(2)
-    ]
-    busy = Resident("busy", need, (0,), Phase.AWAKE, leases=1, last_used=9.0, ready_since=0.0, can_sleep=True)
+    asleep, busy = two_sleepers_and_one_in_use(need)
     budget = need.per_device * 3 // 2 + 2 * need.asleep_per_device
     head = Head("new", need, arrived=10.0)
     decision = decide(head, [*asleep, busy], Capacity((budget,), host_budget=0), quantum_s=30.0, now=40.0)
@@ -309,10 +315,7 @@ def test_the_head_waits_out_a_quantum_rather_than_shut_sleeping_engines_down():
     """Shutting two sleeping engines down would make room now but cost two builds later; the
     engine in use can sleep once its quantum is over, so the head waits for that."""
     need = SimulatedModel("x", 25.0, kv_gb=4).need
-    asleep = [
-        Resident(f"asleep{i}", need, (0,), Phase.ASLEEP, last_used=float(i), can_sleep=True) for i in range(2)
-    ]
-    busy = Resident("busy", need, (0,), Phase.AWAKE, leases=1, last_used=9.0, ready_since=0.0, can_sleep=True)
+    asleep, busy = two_sleepers_and_one_in_use(need)
     capacity = Capacity((2 * need.per_device,), host_budget=10 * need.asleep_host)
     head = Head("new", need, arrived=10.0)
     decision = decide(head, [*asleep, busy], capacity, quantum_s=30.0, now=11.0)

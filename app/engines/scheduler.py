@@ -221,16 +221,16 @@ def decide(
                         return without_spares(trial)
         return None
 
+    # Sleeping engines (a shutdown each) before or after awake ones (a sleep each), and engines
+    # whose quantum is not over only where nothing else makes room.
+    orders = (
+        [*idle, *asleep, *expired],
+        [*idle, *expired, *asleep],
+        [*idle, *asleep, *expired, *running],
+        [*idle, *expired, *running, *asleep],
+    )
     best: tuple[tuple[int, int, int, int], _Trial] | None = None
     for devices in candidates:
-        # Sleeping engines (a shutdown each) before or after awake ones (a sleep each), and
-        # engines whose quantum is not over only where nothing else makes room.
-        orders = (
-            [*idle, *asleep, *expired],
-            [*idle, *expired, *asleep],
-            [*idle, *asleep, *expired, *running],
-            [*idle, *expired, *running, *asleep],
-        )
         for order in orders:
             trial = search(devices, order)
             if trial is not None:
