@@ -110,9 +110,11 @@ def test_stop_ends_the_answer_in_the_engine_and_the_chat_goes_on(
     def stop_shown() -> bool:
         return stop.is_visible() and not submit.is_visible()
 
-    # The answer pauses after a few pieces, so it is still streaming whatever this machine's speed
-    # (its 4,096 tokens ended before Stop in one run of four with a training beside it).
-    factory.pause_after(8)
+    # The answer pauses after some pieces, so it is still streaming whatever this machine's speed
+    # (its 4,096 tokens ended before Stop in one run of four with a training beside it). Enough
+    # pieces for the 20 characters `wait_until_answering` waits for: the twin's 8 random tokens
+    # once came to 20 exactly, and CI waited for the 21st until its timeout.
+    factory.pause_after(64)
     try:
         send(page, "Tell me a long story.")
         wait_until_answering(page, answers=1, timeout_s=120)
