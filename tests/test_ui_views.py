@@ -107,6 +107,45 @@ def test_two_models_compared_side_by_side_and_exported(
     assert "Which shape is on the left?" in page.inner_text("#compare-sent")
 
 
+def test_stop_ends_every_compared_answer_while_one_stalls_mid_way_and_one_waits_its_turn(
+    page: Page, served: tuple[Playground, str, RecordingFactory]
+):
+    """Stop in compare while the first model's answer stalls mid-way (no piece comes while the
+    test holds it) and the second waits its turn (the two do not fit together here): both
+    columns end stopped at once, the first's stream closes before its end (which aborts the
+    request in vLLM), the box takes a message again, and the next comparison runs."""
+    playground, factory = served[0], served[2]
+    page.get_by_role("tab", name="Compare").click()
+    picked = page.locator("#compare-models .token")
+    poll(lambda: picked.count() == 2)
+    page.click("#compare-models .remove-all")
+    poll(lambda: picked.count() == 0)
+    pick(page, "compare-models", LABEL_A)
+    pick(page, "compare-models", LABEL_B)
+    set_max_tokens(page, "compare", 4096)
+    heads = [page.locator(f"#compare-head-{i}") for i in (0, 1)]
+    streamed, ended = factory.streamed[TINY_A], len(factory.endings)
+    factory.pause_after(16)
+    try:
+        send(page, "Tell me a long story.", box="compare-input")
+        poll(lambda: factory.streamed[TINY_A] - streamed >= 16, 240)
+        poll(lambda: "waiting for" in heads[1].inner_text(), 30)
+        assert len(page.inner_text("#compare-answer-0")) > 1  # some of the answer is shown
+        page.locator("#compare-input button.stop-button").click()
+        # At once, though no piece comes: a stop looked at only as pieces came would wait here.
+        poll(lambda: all("stopped" in head.inner_text().splitlines()[-1] for head in heads), 10)
+        poll(lambda: factory.streaming[TINY_A] == 0, 10)
+        assert factory.endings[ended:] == ["closed"]  # the second model was never asked
+    finally:
+        factory.release()
+    poll(lambda: playground.manager.unfinished_requests(TINY_A) == 0, 10)
+    poll(lambda: page.locator("#compare-input button.submit-button").is_visible(), 10)
+    set_max_tokens(page, "compare", 8)
+    send(page, "And a short one.", box="compare-input")
+    poll(lambda: all("tok/s" in head.inner_text() for head in heads), 240)
+    assert all(head.inner_text().splitlines()[-1].startswith("done") for head in heads)
+
+
 # --- the API and the public-page defaults ----------------------------------------------------
 
 
