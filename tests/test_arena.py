@@ -333,16 +333,24 @@ def test_until_the_vote_both_sides_refuse_in_the_same_words_and_show_no_timings(
     assert notice == "" and "tok/s" in heads_a and "tok/s" in heads_b
 
 
-def test_a_battle_whose_answer_was_stopped_or_failed_takes_no_vote(loop, arena):
+def test_a_battle_whose_answer_was_stopped_or_failed_takes_no_vote_and_the_next_message_starts_another(
+    loop, arena
+):
+    """The refusal says the next message starts the next battle, and it does (it went on with
+    the unfinished battle, which refused every later vote too)."""
     view, _, history, _ = arena
     for ending in ("stopped", "failed"):
         visit = Visit(browser_id=f"browser-{ending}")
         loop.run(collect(view.ask({"text": "Hello.", "files": []}, visit)))
         visit.arena.turns[-1].columns[1].state = ending  # as the stop button, or a failure, leaves it
-        before = len(history.votes())
+        before, unfinished = len(history.votes()), visit.battle
         notice = loop.run(view.vote("a", "", visit))[2]
-        assert "both finished" in notice and len(history.votes()) == before
-        assert visit.battle is not None and not visit.battle.revealed
+        assert "only when both answers finish" in notice and "start the next battle" in notice
+        assert len(history.votes()) == before
+        assert unfinished is not None and not unfinished.revealed and not view.resumed(visit)[4].visible
+        loop.run(collect(view.ask({"text": "Hello again.", "files": []}, visit)))
+        assert visit.battle is not unfinished and len(visit.arena.turns) == 1
+        assert loop.run(view.vote("a", "", visit))[2] == "" and len(history.votes()) == before + 1
 
 
 def test_a_message_both_models_fail_on_goes_back_to_the_box_with_a_blind_line(loop, arena):

@@ -96,6 +96,12 @@ BLIND_REFUSAL = (
 BLIND_FAILURE = "This model could not answer this message."
 
 
+def finished(replies: Iterable[Reply]) -> bool:
+    """Whether every answer of a battle finished. One stopped or failed is no fair comparison (a
+    vote on it would count): such a battle takes no vote, and the next message starts another."""
+    return all(reply.state == "done" for reply in replies)
+
+
 def blind_state(reply: Reply, revealed: bool = False) -> str:
     """How a side's answer goes, without the scheduler's words that name models ("in line behind
     X"): one model may wait while the other answers on the same GPU. Until the vote, an answer

@@ -31,6 +31,7 @@ from app.domain.arena import (
     blind_state,
     check_rate,
     draw_pair,
+    finished,
     modality_of,
 )
 from app.domain.compare import Comparison
@@ -49,6 +50,12 @@ INTRO = (
     "then vote: the names are shown after your vote. Each model uses its own default sampling."
 )
 NEXT = "Send a message to start the next battle, with two models drawn again."
+UNFINISHED = f"A battle takes a vote only when both answers finish. {NEXT}"
+
+
+def answers(session: Session) -> list[Reply]:
+    """Both sides' answers of every turn of a battle."""
+    return [column for turn in session.turns for column in turn.columns]
 
 
 class ArenaView:
@@ -81,7 +88,7 @@ class ArenaView:
         try:
             if visit is None:
                 raise ConversationError(NO_VISIT)
-            if visit.battle is None or visit.battle.revealed:
+            if visit.battle is None or visit.battle.revealed or not finished(answers(session)):
                 session.close()
                 visit.battle = None
                 visit.battle = await self.draw(files)
@@ -139,7 +146,10 @@ class ArenaView:
             notice = WARNING + BLIND_FAILURE
             yield *self.view(visit), box_idle(value=message), notice, gr.skip(), gr.skip()
             return
-        yield *self.view(visit), box_idle(), "", gr.Column(visible=True), gr.skip()
+        if finished(answers(session)):
+            yield *self.view(visit), box_idle(), "", gr.Column(visible=True), gr.skip()
+        else:  # stopped, or one side failed: no vote buttons that would only refuse
+            yield *self.view(visit), box_idle(), UNFINISHED, gr.Column(visible=False), gr.skip()
 
     def voter(self, outcome: Outcome) -> Callable[[str, Visit | None], Awaitable[tuple[Any, ...]]]:
         async def vote(reason: str, visit: Visit | None) -> tuple[Any, ...]:
@@ -160,12 +170,10 @@ class ArenaView:
                 raise ArenaError("Send a message first: both models answer it, then you vote.")
             if battle.revealed:
                 raise ArenaError(f"This battle has had its vote. {NEXT}")
-            columns = [column for turn in visit.arena.turns for column in turn.columns]
-            if not all(column.ended for column in columns):
+            if not all(column.ended for column in answers(visit.arena)):
                 raise ArenaError("Wait for both answers to end, then vote.")
-            if not all(column.state == "done" for column in columns):
-                # A stopped or failed answer is no fair comparison: a vote on it would count.
-                raise ArenaError(f"Only a battle whose answers both finished takes a vote. {NEXT}")
+            if not finished(answers(visit.arena)):
+                raise ArenaError(UNFINISHED)
             battle.outcome = outcome  # before any await: a second click finds the vote cast
             try:
                 await self.store(visit, battle, outcome, reason)
@@ -215,7 +223,13 @@ class ArenaView:
     def resumed(self, visit: Visit | None) -> tuple[Any, ...]:
         """After a (re)load: the battle as it was, the vote buttons if it awaits a vote."""
         battle = visit.battle if visit is not None else None
-        awaiting = battle is not None and not battle.revealed and bool(visit and visit.arena.turns)
+        awaiting = (
+            battle is not None
+            and not battle.revealed
+            and visit is not None
+            and bool(visit.arena.turns)
+            and finished(answers(visit.arena))
+        )
         shown = reveal(battle, self.playground) if battle is not None and battle.revealed else ""
         return *self.view(visit), gr.Column(visible=awaiting), shown
 
