@@ -6,11 +6,13 @@ demo twins and a real SQLite database. The page itself is tested in Chromium
 from __future__ import annotations
 
 import random
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import gradio as gr
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -41,7 +43,7 @@ from app.media.loading import VideoDecoderPool
 from app.storage.history import History, VoteRecord, new_id, sqlite_url
 from app.storage.votes import Vote, pair_of
 from app.views import Playground
-from app.views.arena import ArenaView
+from app.views.arena import UNFINISHED, ArenaView
 from app.views.leaderboard import LeaderboardView
 from app.views.services import WARNING
 
@@ -227,6 +229,8 @@ def test_a_battle_of_two_turns_is_blind_until_the_vote_then_named_and_counted(lo
         assert mine in turns[1].columns[side].prompt
         if theirs and theirs not in mine:
             assert theirs not in turns[1].columns[side].prompt
+    restored = view.resumed(visit)  # a reload shows the vote buttons, and no line
+    assert restored[4] == "" and restored[5].visible
     # The vote stores the battle and shows the names; a second vote on it is refused.
     heads_a, heads_b, notice, _, revealed, reason = loop.run(view.vote("a", "  clearer  ", visit))
     display = {key: view.playground.choices[key].card.display_name for key in battle.keys}
@@ -346,8 +350,9 @@ def test_a_battle_whose_answer_was_stopped_or_failed_takes_no_vote_and_the_next_
         before, unfinished = len(history.votes()), visit.battle
         notice = loop.run(view.vote("a", "", visit))[2]
         assert "only when both answers finish" in notice and "start the next battle" in notice
-        assert len(history.votes()) == before
-        assert unfinished is not None and not unfinished.revealed and not view.resumed(visit)[4].visible
+        assert len(history.votes()) == before and unfinished is not None and not unfinished.revealed
+        restored = view.resumed(visit)  # after a reload: no vote buttons, and the line says why
+        assert restored[4] == UNFINISHED and not restored[5].visible
         loop.run(collect(view.ask({"text": "Hello again.", "files": []}, visit)))
         assert visit.battle is not unfinished and len(visit.arena.turns) == 1
         assert loop.run(view.vote("a", "", visit))[2] == "" and len(history.votes()) == before + 1
@@ -372,6 +377,34 @@ def test_a_message_both_models_fail_on_goes_back_to_the_box_with_a_blind_line(lo
     # The battle goes on: the next message is answered by both, and takes a vote.
     loop.run(collect(view.ask({"text": "Hello.", "files": []}, visit)))
     assert [column.state for column in visit.arena.turns[-1].columns] == ["done", "done"]
+    # Both fail on a later turn: the line, and the earlier turn's vote buttons back (the first
+    # update hid them, and they stayed hidden).
+    again = loop.run(collect(view.ask({"text": text, "files": []}, visit)))[-1]
+    assert again[5] == WARNING + BLIND_FAILURE and again[6].visible and len(visit.arena.turns) == 1
+
+
+def test_new_battle_pressed_mid_answer_ends_the_answers_and_offers_no_vote(loop, arena):
+    """ "New battle" (or a side's trash icon) while both answer: the answers end, and the asking
+    handler's last update leaves the emptied page alone (it showed vote buttons for the battle
+    that was no more)."""
+    view, *_ = arena
+    visit = Visit(browser_id="browser-new-battle-mid-answer")
+
+    async def new_battle_after_the_first_update() -> list[tuple[Any, ...]]:
+        updates = []
+        async for update in view.ask({"text": "Tell me a story.", "files": []}, visit):
+            if not updates:
+                view.new_battle(visit)
+            updates.append(update)
+        return updates
+
+    last = loop.run(new_battle_after_the_first_update())[-1]
+    assert not (isinstance(last[6], gr.Column) and last[6].visible)
+    assert visit.battle is None and visit.arena.turns == []
+    deadline = time.monotonic() + 10  # (the engine takes the abort on its own loop)
+    while any(view.playground.manager.unfinished_requests(key) for key in ("tiny-a", "tiny-b")):
+        assert time.monotonic() < deadline, "an answer went on in its engine"
+        time.sleep(0.05)
 
 
 def finished_battle(view: ArenaView, browser: str, address: str, keys: tuple[str, str]) -> Visit:

@@ -140,16 +140,20 @@ class ArenaView:
                 if session.stop_requested:
                     break
         turn.columns = comparison.columns
+        if visit.battle is not battle or not any(t is turn for t in session.turns):
+            # "New battle" or a trash icon ended this one meanwhile: the page shows the next.
+            yield *(gr.skip(),) * 4, box_idle(), gr.skip(), gr.skip(), gr.skip()
+            return
+        box, notice = box_idle(), ""
         if all(column.state == "failed" for column in turn.columns):
             session.turns.remove(turn)  # nothing to vote on: the message goes back to the box
             forget_sent(visit, "arena")
-            notice = WARNING + BLIND_FAILURE
-            yield *self.view(visit), box_idle(value=message), notice, gr.skip(), gr.skip()
-            return
-        if finished(answers(session)):
-            yield *self.view(visit), box_idle(), "", gr.Column(visible=True), gr.skip()
-        else:  # stopped, or one side failed: no vote buttons that would only refuse
-            yield *self.view(visit), box_idle(), UNFINISHED, gr.Column(visible=False), gr.skip()
+            box, notice = box_idle(value=message), WARNING + BLIND_FAILURE
+        elif not finished(answers(session)):  # stopped, or one side failed: no buttons that would refuse
+            notice = UNFINISHED
+        # (After a turn both sides failed, an earlier turn's vote buttons come back.)
+        votes = gr.Column(visible=bool(session.turns) and finished(answers(session)))
+        yield *self.view(visit), box, notice, votes, gr.skip()
 
     def voter(self, outcome: Outcome) -> Callable[[str, Visit | None], Awaitable[tuple[Any, ...]]]:
         async def vote(reason: str, visit: Visit | None) -> tuple[Any, ...]:
@@ -212,6 +216,7 @@ class ArenaView:
 
     def new_battle(self, visit: Visit | None) -> tuple[Any, ...]:
         if visit is not None:
+            visit.arena.stop_requested = True  # an answer still streaming ends with its battle
             visit.arena.close()
             visit.battle = None
         return *self.view(visit), box_idle(value=None), "", gr.Column(visible=False), ""
@@ -221,17 +226,16 @@ class ArenaView:
             visit.arena.stop_requested = True
 
     def resumed(self, visit: Visit | None) -> tuple[Any, ...]:
-        """After a (re)load: the battle as it was, the vote buttons if it awaits a vote."""
+        """After a (re)load: the battle as it was, and the vote buttons if it awaits a vote, else
+        the line saying why not where an answer was stopped or failed (a reload mid-answer stops
+        it: Gradio ends the handler of a page that goes)."""
         battle = visit.battle if visit is not None else None
-        awaiting = (
-            battle is not None
-            and not battle.revealed
-            and visit is not None
-            and bool(visit.arena.turns)
-            and finished(answers(visit.arena))
-        )
+        turns = visit.arena.turns if visit is not None else []
+        open_battle = battle is not None and not battle.revealed and bool(turns)
+        awaiting = open_battle and finished(reply for turn in turns for reply in turn.columns)
+        notice = UNFINISHED if open_battle and not awaiting else ""
         shown = reveal(battle, self.playground) if battle is not None and battle.revealed else ""
-        return *self.view(visit), gr.Column(visible=awaiting), shown
+        return *self.view(visit), notice, gr.Column(visible=awaiting), shown
 
     # --- what the handlers share ----------------------------------------------------------------
 
@@ -331,7 +335,7 @@ class ArenaView:
         # still runs on (and would reappear with the next answer).
         triggers = [new.click, *(chat.clear for chat in chats)]
         gr.on(triggers, self.new_battle, [visit], [*chats, *heads, box, notice, votes, shown], **PRIVATE)
-        self.restored = [*chats, *heads, votes, shown]
+        self.restored = [*chats, *heads, notice, votes, shown]
         return self.restored
 
 
