@@ -27,6 +27,7 @@ from ui_pages import (
     RecordingFactory,
     answer_labels,
     bot_messages,
+    compare_the_twins,
     open_sidebar,
     pick,
     poll,
@@ -48,18 +49,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 def test_two_models_compared_side_by_side_and_exported(
     page: Page, served: tuple[Playground, str, RecordingFactory]
 ):
-    page.get_by_role("tab", name="Compare").click()
     # On a CPU box the two trained seeing models come picked (issue 29, item 8); here the twins are
     # compared instead.
-    picked = page.locator("#compare-models .token")
-    poll(lambda: picked.count() == 2)
-    first, second = picked.all_inner_texts()
+    first, second = compare_the_twins(page, max_tokens=32)
     assert "Shapes and colours" in first and "Shapes too, smaller" in second
-    page.click("#compare-models .remove-all")
-    poll(lambda: picked.count() == 0)
-    pick(page, "compare-models", LABEL_A)
-    pick(page, "compare-models", LABEL_B)
-    set_max_tokens(page, "compare", 32)
     send(page, "Which shape is on the left?", [EXAMPLES / "shapes.png"], box="compare-input")
     heads = [page.locator(f"#compare-head-{i}") for i in (0, 1)]
     waiting = poll(lambda: any("waiting for" in head.inner_text() for head in heads), 60)
@@ -115,14 +108,7 @@ def test_stop_ends_every_compared_answer_while_one_stalls_mid_way_and_one_waits_
     columns end stopped at once, the first's stream closes before its end (which aborts the
     request in vLLM), the box takes a message again, and the next comparison runs."""
     playground, factory = served[0], served[2]
-    page.get_by_role("tab", name="Compare").click()
-    picked = page.locator("#compare-models .token")
-    poll(lambda: picked.count() == 2)
-    page.click("#compare-models .remove-all")
-    poll(lambda: picked.count() == 0)
-    pick(page, "compare-models", LABEL_A)
-    pick(page, "compare-models", LABEL_B)
-    set_max_tokens(page, "compare", 4096)
+    compare_the_twins(page, max_tokens=4096)
     heads = [page.locator(f"#compare-head-{i}") for i in (0, 1)]
     streamed, ended = factory.streamed[TINY_A], len(factory.endings)
     factory.pause_after(16)
@@ -509,6 +495,49 @@ def test_a_blind_battle_of_two_turns_takes_a_vote_names_the_models_and_updates_t
     assert not page.inner_text("#arena-reveal").strip()
     send(page, "A new battle's question", box="arena-input")
     poll(lambda: all(len(arena_answers(page, side)) == 1 for side in "ab"), 240)
+
+
+def test_stop_in_the_arena_while_one_side_stalls_ends_both_shows_no_vote_and_the_next_message_starts_anew(
+    page: Page, served: tuple[Playground, str, RecordingFactory]
+):
+    """Stop while one side's answer stalls mid-way (no piece comes while the test holds it) and
+    the other waits its turn: both sides end stopped at once, the stalled stream is closed before
+    its end, no vote buttons are offered for a battle that takes no vote, one line says why and
+    what next, and the next message starts another battle (it went on with the stopped one, whose
+    every later vote was refused)."""
+    playground, factory = served[0], served[2]
+    twins = (TINY_A, TINY_B)
+    heads = [page.locator("#arena-head-a"), page.locator("#arena-head-b")]
+    page.get_by_role("tab", name="Arena").click()
+    poll(lambda: sum(factory.streaming[twin] for twin in twins) == 0, 30)  # an earlier test's ended
+    streamed, ended = sum(factory.streamed[twin] for twin in twins), len(factory.endings)
+    # At the arena's own length (512 tokens): a short answer may come in fewer than 16 pieces.
+    factory.pause_after(16)
+    try:
+        send(page, "Tell me a long story.", box="arena-input")
+        poll(lambda: sum(factory.streamed[twin] for twin in twins) - streamed >= 16, 240)
+        poll(lambda: any("waiting for its turn" in head.inner_text() for head in heads), 30)
+        page.locator("#arena-input button.stop-button").click()
+        poll(lambda: all("stopped" in head.inner_text().splitlines()[-1] for head in heads), 10)
+        poll(lambda: sum(factory.streaming[twin] for twin in twins) == 0, 10)
+        assert factory.endings[ended:] == ["closed"]  # the waiting side was never asked
+    finally:
+        factory.release()
+    for twin in twins:
+        poll(lambda twin=twin: playground.manager.unfinished_requests(twin) == 0, 10)
+    notice = poll(lambda: page.inner_text("#arena-notice").strip(), 10)
+    assert "only when both answers finish" in notice and "start the next battle" in notice
+    assert not page.locator("#arena-votes").is_visible()
+    factory.max_tokens_cap = 24
+    try:
+        send(page, "And a short one.", box="arena-input")
+        poll(lambda: all(head.inner_text().splitlines()[-1] == "done" for head in heads), 240)
+    finally:
+        factory.max_tokens_cap = None
+    # A new battle: the stopped one's chats are gone, and this one takes a vote.
+    assert [len(arena_answers(page, side)) for side in "ab"] == [1, 1]
+    poll(lambda: page.locator("#arena-votes").is_visible(), 10)
+    assert not page.inner_text("#arena-notice").strip()
 
 
 # --- prompt sets in a grid -----------------------------------------------------------------------

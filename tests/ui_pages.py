@@ -339,6 +339,22 @@ def pick(page: Page, dropdown: str, label_part: str) -> None:
     page.get_by_role("option").filter(has_text=label_part).first.click()
 
 
+def compare_the_twins(page: Page, max_tokens: int) -> list[str]:
+    """Opens the compare tab, takes out the two models it comes with (their labels are returned:
+    on a CPU box the trained seeing models) and picks the two random-weight twins instead, each
+    to answer at most `max_tokens` tokens."""
+    page.get_by_role("tab", name="Compare").click()
+    picked = page.locator("#compare-models .token")
+    poll(lambda: picked.count() == 2)
+    came_with = picked.all_inner_texts()
+    page.click("#compare-models .remove-all")
+    poll(lambda: picked.count() == 0)
+    pick(page, "compare-models", LABEL_A)
+    pick(page, "compare-models", LABEL_B)
+    set_max_tokens(page, "compare", max_tokens)
+    return came_with
+
+
 def shoot(page: Page, name: str) -> None:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / name), full_page=True)
