@@ -6,8 +6,11 @@ the table it prints for docs/BENCHMARKS.md. Its engine phases need a GPU and vLL
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -189,6 +192,28 @@ def test_a_reading_of_a_held_allocation_is_the_allocation_and_at_most_a_context_
     held = 8 * 2**30
     assert within(int(8.596 * 2**30), held)  # the H200's per-process figure, context included
     assert not within(held - 1, held) and not within(held + 3 * 2**30, held) and not within(None, held)
+
+
+def test_a_process_group_lives_while_a_member_runs_and_not_once_only_its_zombie_is_left():
+    """What a holder's kill waits for: a stuck holder's child, killed, was once still running
+    when the check went on (CI, on a loaded machine); on a GPU it would still hold its memory."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        assert readings.group_alive(process.pid)
+        os.killpg(process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while readings.group_alive(process.pid):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        # Dead but not yet waited for: a zombie, which holds nothing.
+        assert psutil.Process(process.pid).status() == psutil.STATUS_ZOMBIE
+        assert readings.group_alive(other.pid)  # another group is another matter
+    finally:
+        for each in (process, other):
+            each.kill()
+            each.wait()
+    assert not readings.group_alive(process.pid) and not readings.group_alive(other.pid)
 
 
 @pytest.mark.parametrize("via_parent", [False, True])

@@ -29,6 +29,7 @@ HOLD_BYTES = 8 * GIB
 # What a process's CUDA context may add to what it allocates, on any GPU (a few hundred MiB).
 CONTEXT_ALLOWANCE_BYTES = 2 * GIB
 READY_TIMEOUT_S = 180.0
+GONE_TIMEOUT_S = 10.0  # SIGKILL ends a process at once unless the kernel holds it (a GPU call)
 
 # Allocates argv[1] bytes on the GPU and touches them, says "ready" with what torch reserved, and
 # holds them until its standard input closes.
@@ -58,6 +59,23 @@ print(torch.cuda.device_count(), total, free, getattr(props, "uuid", ""))
 def within(measured: int | None, held: int) -> bool:
     """A reading of a holder of `held` bytes: at least those, and no more than a context above."""
     return measured is not None and held <= measured <= held + CONTEXT_ALLOWANCE_BYTES
+
+
+def group_alive(group: int) -> bool:
+    """Whether a process of process group `group` still lives (a zombie does not: it holds
+    nothing, and waits only for its parent to read its end)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(os.path.join(entry.path, "stat"), encoding="utf-8") as stat:
+                # "pid (name) state parent group ...": the name may hold spaces and brackets.
+                state, _parent, process_group, *_ = stat.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(process_group) == group and state != "Z":
+            return True
+    return False
 
 
 class Holder:
@@ -91,10 +109,15 @@ class Holder:
         raise RuntimeError("the holder did not allocate its memory")
 
     def kill(self) -> None:
-        """Ends the holder and its child at once (a stuck one may never read its input)."""
+        """Ends the holder and its child at once (a stuck one may never read its input), and
+        returns once neither lives: a child still dying holds its memory for the next reading
+        (on a loaded machine a test found the child still running just after the parent ended)."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
+        deadline = time.monotonic() + GONE_TIMEOUT_S
+        while group_alive(self.process.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def close(self) -> None:
         if self.process.stdin is not None and not self.process.stdin.closed:
