@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -22,6 +21,7 @@ from gpu_check.machine import why_no_cuda
 from gpu_check.phase import Model, Plan
 from gpu_check.readings import within
 from gpu_check.report import markdown
+from ui_pages import poll
 
 from app.engines.memory import GPU_ENGINE_OVERHEAD_BYTES
 
@@ -202,10 +202,7 @@ def test_a_process_group_lives_while_a_member_runs_and_not_once_only_its_zombie_
     try:
         assert readings.group_alive(process.pid)
         os.killpg(process.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while readings.group_alive(process.pid):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        poll(lambda: not readings.group_alive(process.pid), 10)
         # Dead but not yet waited for: a zombie, which holds nothing.
         assert psutil.Process(process.pid).status() == psutil.STATUS_ZOMBIE
         assert readings.group_alive(other.pid)  # another group is another matter

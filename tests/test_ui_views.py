@@ -524,8 +524,7 @@ def test_stop_in_the_arena_while_one_side_stalls_ends_both_shows_no_vote_and_the
         assert factory.endings[ended:] == ["closed"]  # the waiting side was never asked
     finally:
         factory.release()
-    for twin in twins:
-        poll(lambda twin=twin: playground.manager.unfinished_requests(twin) == 0, 10)
+    poll(lambda: not any(playground.manager.unfinished_requests(twin) for twin in twins), 10)
     notice = poll(lambda: page.inner_text("#arena-notice").strip(), 10)
     assert "only when both answers finish" in notice and "start the next battle" in notice
     assert not page.locator("#arena-votes").is_visible()

@@ -230,9 +230,9 @@ class ArenaView:
         the line saying why not where an answer was stopped or failed (a reload mid-answer stops
         it: Gradio ends the handler of a page that goes)."""
         battle = visit.battle if visit is not None else None
-        turns = visit.arena.turns if visit is not None else []
-        open_battle = battle is not None and not battle.revealed and bool(turns)
-        awaiting = open_battle and finished(reply for turn in turns for reply in turn.columns)
+        session = visit.arena if visit is not None else Session()
+        open_battle = battle is not None and not battle.revealed and bool(session.turns)
+        awaiting = open_battle and finished(answers(session))
         notice = UNFINISHED if open_battle and not awaiting else ""
         shown = reveal(battle, self.playground) if battle is not None and battle.revealed else ""
         return *self.view(visit), notice, gr.Column(visible=awaiting), shown
