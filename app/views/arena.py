@@ -145,14 +145,16 @@ class ArenaView:
             yield *(gr.skip(),) * 4, box_idle(), gr.skip(), gr.skip(), gr.skip()
             return
         box, notice = box_idle(), ""
-        if all(column.state == "failed" for column in turn.columns):
+        both_failed = all(column.state == "failed" for column in turn.columns)
+        if both_failed:
             session.turns.remove(turn)  # nothing to vote on: the message goes back to the box
             forget_sent(visit, "arena")
             box, notice = box_idle(value=message), WARNING + BLIND_FAILURE
-        elif not finished(answers(session)):  # stopped, or one side failed: no buttons that would refuse
-            notice = UNFINISHED
         # (After a turn both sides failed, an earlier turn's vote buttons come back.)
-        votes = gr.Column(visible=bool(session.turns) and finished(answers(session)))
+        votable = bool(session.turns) and finished(answers(session))
+        if not both_failed and not votable:  # stopped, or one side failed: no buttons that would refuse
+            notice = UNFINISHED
+        votes = gr.Column(visible=votable)
         yield *self.view(visit), box, notice, votes, gr.skip()
 
     def voter(self, outcome: Outcome) -> Callable[[str, Visit | None], Awaitable[tuple[Any, ...]]]:
