@@ -15,6 +15,7 @@ from app.catalog.cards import ModelCard, load_cards
 from app.demo.models import twin_card
 from app.domain.conversation import (
     INTERNAL_ERROR,
+    MAX_MESSAGE_CHARS,
     ConversationError,
     Session,
     Turn,
@@ -232,6 +233,54 @@ def test_a_bad_file_or_an_empty_message_is_refused(tmp_path: Path, decoder: Vide
     with pytest.raises(ConversationError, match="Write a message"):
         asyncio.run(make_turn(session, "  ", [], decoder, 8))
     session.close()
+
+
+def test_a_message_or_system_prompt_past_the_length_limit_is_refused_before_anything_counts_it(
+    monkeypatch: pytest.MonkeyPatch, decoder: VideoDecoderPool
+):
+    """A stranger's 4 MiB message was tokenized twice on the server's event loop (about 10 s of
+    every visitor's streams frozen a call). The text is measured first: past the limit it is
+    refused in one line that says what to change, and nothing counts or renders it; at the
+    limit it is taken."""
+    counted: list[int] = []
+    monkeypatch.setattr(
+        "app.domain.conversation.estimate_prompt_tokens", lambda card, messages: counted.append(1) or 10
+    )
+    session = Session()
+    long = "x" * (MAX_MESSAGE_CHARS + 1)
+    with pytest.raises(ConversationError) as refused:
+        asyncio.run(make_turn(session, long, [], decoder, 8))
+    line = str(refused.value)
+    assert f"{MAX_MESSAGE_CHARS + 1:,} characters" in line and f"at most {MAX_MESSAGE_CHARS:,}" in line
+    assert "shorten" in line and "\n" not in line
+    turn, _ = asyncio.run(make_turn(session, "x" * MAX_MESSAGE_CHARS, [], decoder, 8))
+    with pytest.raises(ConversationError, match=r"The system prompt is .* characters.*at most"):
+        asyncio.run(fitted_prompt(TINY, [turn], long, decoder))
+    # A conversation reopened from an imported history can hold a turn no box would take.
+    with pytest.raises(ConversationError, match=r"An earlier message .* characters.*: start a new chat\.$"):
+        asyncio.run(fitted_prompt(TINY, [Turn(text=long), turn], None, decoder))
+    assert counted == []
+    assert asyncio.run(fitted_prompt(TINY, [turn], "Be brief.", decoder)).size == 10
+    session.close()
+
+
+def test_the_prompt_is_counted_off_the_event_loop(monkeypatch: pytest.MonkeyPatch, decoder: VideoDecoderPool):
+    """Counting a long prompt with the model's tokenizer takes a tenth of a second or more at the
+    length limit: in the loop's thread, every other visitor's stream would wait for it."""
+    threads: list[bool] = []
+
+    def count(card: ModelCard, messages: Any) -> int:
+        try:
+            asyncio.get_running_loop()
+            threads.append(True)
+        except RuntimeError:
+            threads.append(False)
+        return 10**6  # too long: refused, and counted again for the refusal's line
+
+    monkeypatch.setattr("app.domain.conversation.estimate_prompt_tokens", count)
+    with pytest.raises(ConversationError):
+        asyncio.run(fitted_prompt(TINY, [Turn(text="hello")], None, decoder))
+    assert threads and not any(threads), "counted in the event loop's thread"
 
 
 def test_the_engine_gets_the_whole_conversation_in_order(decoder: VideoDecoderPool):

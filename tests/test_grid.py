@@ -22,6 +22,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from PIL import Image
 
 from app.catalog.cards import ModelCard, load_cards
 from app.config import Settings
@@ -148,6 +149,7 @@ def test_checking_lists_missing_broken_and_outside_files_and_each_models_limits(
     for name in ("one_shape.png", "colour_change.mp4"):
         (tmp_path / name).write_bytes((EXAMPLES / name).read_bytes())
     (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    Image.new("1", (9000, 9000)).save(tmp_path / "huge.png")  # 81 megapixels in a few kB
     lines = [
         {"id": "fine", "question": "Shape?", "media": ["one_shape.png"]},
         {"id": "missing", "question": "Shape?", "media": ["gone.png"]},
@@ -155,9 +157,11 @@ def test_checking_lists_missing_broken_and_outside_files_and_each_models_limits(
         {"id": "outside", "question": "Shape?", "media": ["../../etc/passwd"]},
         {"id": "clip", "question": "End colour?", "media": ["colour_change.mp4"]},
         {"id": "five", "question": "Five?", "media": ["one_shape.png"] * 5},
+        {"id": "huge", "question": "Shape?", "media": ["huge.png", "one_shape.png"]},
     ]
     (tmp_path / "set.jsonl").write_text("\n".join(json.dumps(line) for line in lines))
-    checked = loop.run(check_set(read_set(tmp_path / "set.jsonl"), list(cards.values()), decoder))
+    prompt_set = read_set(tmp_path / "set.jsonl")
+    checked = loop.run(check_set(prompt_set, list(cards.values()), decoder))
     refused = "\n".join(checked.refused)
     assert "item 2 (missing): gone.png is not among the set's files" in refused
     assert "item 3 (broken): broken.png: This file is not an image the app can read" in refused
@@ -170,7 +174,11 @@ def test_checking_lists_missing_broken_and_outside_files_and_each_models_limits(
         "item 6 (five): Shapes and colours: tiny demo model trained here takes at most 4 images in one "
         "message: remove 1 image from the item." in refused
     )
+    assert "item 7 (huge): huge.png: This image is 9000 x 9000 pixels" in refused
     assert str(tmp_path) not in refused  # no server path in what the user reads
+    # The history keeps the files of the items that passed, for weeks: never a refused file.
+    records, files = media_records(prompt_set, checked)
+    assert sorted(records) == ["colour_change.mp4", "one_shape.png"] and len(files) == 2
 
 
 # --- runs on the real engine -------------------------------------------------------------------
@@ -265,7 +273,9 @@ def test_a_set_runs_model_by_model_with_one_load_each_and_the_seeing_model_answe
     # Stored in the history as a grid, and read back whole.
     history = History(sqlite_url(tmp_path), tmp_path / "media")
     try:
-        records, files = media_records(prompt_set)
+        records, files = media_records(
+            prompt_set, loop.run(check_set(prompt_set, list(cards.values()), decoder))
+        )
         history.save("browser", to_record(run, records), files)
         stored = from_record(history.load("browser", run.id), cards, GREEDY)
         assert stored.items == run.items and stored.models == run.models
@@ -486,8 +496,14 @@ def bomb(tmp_path: Path, entries: int, each: int) -> Path:
 
 @pytest.mark.parametrize(
     ("entries", "each", "said"),
-    [(3002, 10, "holds 3,002 files"), (1, 300 * 2**20, "times its packed size")],
-    ids=["many entries", "high ratio"],
+    [
+        (3002, 10, "holds 3,002 files"),
+        (1, 300 * 2**20, "times its packed size"),
+        # Each entry at the size the per-entry rule starts above: 64 MiB from a zip of about
+        # 70 KB (a hostile review's 950 of them, 0.93 GB from 1 MB, passed the per-entry rule).
+        (64, 2**20, "times its packed size"),
+    ],
+    ids=["many entries", "high ratio", "many entries of 1 MiB"],
 )
 def test_a_zip_bomb_is_refused_before_unpacking_and_leaves_nothing(
     tmp_path: Path, entries: int, each: int, said: str, monkeypatch: pytest.MonkeyPatch

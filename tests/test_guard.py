@@ -110,7 +110,16 @@ def test_uploads_come_from_the_public_address_behind_a_proxy_that_rewrites_host(
 
 
 def test_the_route_that_skips_the_queue_is_closed_in_one_line():
-    for path in ("/gradio_api/run/predict", "/gradio_api/run/chat"):
+    """Under both its names: Gradio serves `/run/<name>` at `/api/<name>` too ("for backwards
+    compatibility"), where a hostile review found every queue-less event callable with any inputs,
+    and a bad index logged a traceback."""
+    for path in (
+        "/gradio_api/run/predict",
+        "/gradio_api/run/chat",
+        "/gradio_api/api/predict",
+        "/gradio_api/api/predict/",
+        "/gradio_api/api/chat",
+    ):
         refused = client().post(path, json={"data": [1, 2, 3]})
         assert refused.status_code == 404 and "Traceback" not in refused.text and "\n" not in refused.text
 
@@ -135,3 +144,6 @@ def test_only_the_pages_own_queue_less_events_pass_through_run_predict():
         assert refused.status_code == 404 and "\n" not in refused.text, call
     assert guarded.post("/gradio_api/run/predict", content=b"{not json").status_code == 404
     assert guarded.post("/gradio_api/run/chat", json={"fn_index": 0, "data": [0]}).status_code == 404
+    # The page never calls the other name: not even its own calls pass there.
+    for call in ({"fn_index": 0, "data": [1]}, {"fn_index": 4, "data": []}):
+        assert guarded.post("/gradio_api/api/predict", json=call).status_code == 404, call

@@ -4,6 +4,7 @@ on disk after a delete, migrations, and two app processes writing at once."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from app.storage.history import (
     describe_media,
     new_id,
     sqlite_url,
+    thumbnail,
 )
 from app.storage.votes import Vote
 
@@ -665,3 +667,16 @@ def test_the_list_tells_alike_titles_apart_by_model_turns_and_time():
     names = {"demo_seeing": "Shapes and colours"}
     assert summary_label(chat, names) == "What is this? · Shapes and colours · 2 turns · 25 Nov 09:30"
     assert summary_label(other, names) == "What is this? · gone_model · 1 turn · 25 Nov 09:30"
+
+
+def test_a_thumbnail_is_made_only_of_a_picture_the_chat_would_take(tmp_path: Path):
+    """The history makes thumbnails in the server's process: a picture past the media pipeline's
+    pixel limit (81 megapixels in 97 KB grew the process by 389 MiB in a hostile review) or in a
+    format the chat refuses is not decoded, and the record is kept without one."""
+    ordinary, huge, other = tmp_path / "ok.png", tmp_path / "huge.png", tmp_path / "scan.tiff"
+    Image.new("RGB", (640, 480), "red").save(ordinary)
+    Image.new("1", (9000, 9000)).save(huge)
+    Image.new("RGB", (640, 480), "red").save(other)
+    with Image.open(io.BytesIO(thumbnail(ordinary))) as small:
+        assert max(small.size) <= 160 and small.getpixel((10, 10))[0] > 200
+    assert thumbnail(huge) == b"" and thumbnail(other) == b""

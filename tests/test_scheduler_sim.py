@@ -385,7 +385,11 @@ def test_the_states_the_ui_shows_follow_a_sleep_a_wait_a_failed_wake_and_a_rebui
     states = [state for state, _ in one]
     assert ModelState.SLEEPING in states
     queued = [phase for state, phase in one if state is ModelState.QUEUED]
-    assert any("answer(s) on Simulated two to finish" in phase for phase in queued)
+    assert any("answer(s) on another model to finish" in phase for phase in queued)
+    # What every visitor reads of any model never names another one (blind arena battles).
+    names = {key: card.display_name for key, card in simulated_cards(models).items()}
+    for key, _, phase in seen:
+        assert not any(name in phase for other, name in names.items() if other != key), phase
     loading = [phase for state, phase in one if state is ModelState.LOADING]
     assert "waking from sleep" in loading and "waking failed; rebuilding" in loading
     assert machine.builds == ["one", "two", "one"] and machine.violations == []

@@ -249,6 +249,15 @@ def test_public_page_defaults(served: tuple[Playground, str, RecordingFactory], 
         # The page's example clicks go through it by index; a script's other guesses do not.
         for call in ({"fn_index": 0, "data": [999]}, {"fn_index": 9999, "data": []}, {"data": [0]}):
             assert http.post("gradio_api/run/predict", json=call).status_code == 404, call
+        # Gradio's other name for that route (`/api/`) takes no call at all, not even the page's
+        # own queue-less events with inputs it could send (an example's first entry).
+        events = http.get("config").json()["dependencies"]
+        queue_less = [event["id"] for event in events if not event["queue"]]
+        assert queue_less
+        for index in queue_less:
+            for data in ([0], [], [0, 0]):
+                closed = http.post("gradio_api/api/predict", json={"fn_index": index, "data": data})
+                assert closed.status_code == 404 and "\n" not in closed.text, (index, data)
 
 
 def test_the_ui_module_imports_no_torch():

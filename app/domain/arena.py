@@ -103,9 +103,10 @@ def finished(replies: Iterable[Reply]) -> bool:
 
 
 def blind_state(reply: Reply, revealed: bool = False) -> str:
-    """How a side's answer goes, without the scheduler's words that name models ("in line behind
-    X"): one model may wait while the other answers on the same GPU. Until the vote, an answer
-    shows no token count nor speed: they fingerprint the model."""
+    """How a side's answer goes, in words of its own (the scheduler's phases name no model since
+    a hostile review, and these keep it so whatever they say): one model may wait while the other
+    answers on the same GPU. Until the vote, an answer shows no token count nor speed: they
+    fingerprint the model."""
     if reply.state == "done":
         if not revealed:
             return "done"

@@ -53,6 +53,13 @@ MAX_VERSIONS = 20
 MAX_VERSION_DEPTH = 64
 
 
+# The longest text a message or a system prompt may have. A stranger's 4 MiB message was tokenized
+# twice before the context check refused it, seconds of work a call; this many characters count in
+# about a tenth of a second (the seeing model's tokenizer, 2 cores), and are more than most
+# catalog models' contexts hold (a token is three to four characters of English).
+MAX_MESSAGE_CHARS = 100_000
+
+
 class ConversationError(ValueError):
     """A message the app refuses before it reaches the engine; the text is meant for the user."""
 
@@ -397,19 +404,36 @@ async def fitted_prompt(
     """The conversation as the model can take it: earlier files past its media limits left out,
     then, while the prompt would not fit its context, the oldest file still in it (never the last
     turn's). Refuses, in one line, only what leaving files out cannot fix."""
+    check_length(system or "", "The system prompt")
+    for turn in turns[:-1]:  # a conversation reopened from an imported history holds any text
+        check_length(turn.text, "An earlier message", "start a new chat")
+    if turns:
+        check_length(turns[-1].text, "This message")
     left_out = over_the_limits(card, turns)
     clips = dict(clips or {})  # each video decoded once, however many tries
     while True:
         messages = await engine_messages(turns, system, decoder, card.video_frames, clips, left_out)
-        size = estimate_prompt_tokens(card, messages)
+        # In a thread: the tokenizer releases the GIL, and the loop serves every other visitor.
+        size = await asyncio.to_thread(estimate_prompt_tokens, card, messages)
         limit = context_length(card)
         if limit is None or size < limit:
             return Prompt(messages, size, left_out)
         earlier = [path for turn in turns[:-1] for path in turn.files if path not in left_out]
         if not earlier:
-            check_fits(card, messages)  # raises: the text, or the last turn's own files, are too long
+            # Raises: the text, or the last turn's own files, are too long.
+            await asyncio.to_thread(check_fits, card, messages)
             return Prompt(messages, size, left_out)
         left_out = sorted([*left_out, earlier[0]], key=[p for t in turns for p in t.files].index)
+
+
+def check_length(text: str, what: str, remedy: str = "shorten it") -> None:
+    """Refuses `text` past `MAX_MESSAGE_CHARS`, in a line that says what to change (`what`: the
+    sentence's subject, "This message" or "The system prompt")."""
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise ConversationError(
+            f"{what} is {len(text):,} characters; the playground takes at most {MAX_MESSAGE_CHARS:,}: "
+            f"{remedy}."
+        )
 
 
 def sent_media(turns: Sequence[Turn], left_out: Collection[Path]) -> list[str]:
@@ -446,6 +470,7 @@ async def make_turn(
     file that cannot be used, or `ConversationError` for an empty message."""
     if not text.strip() and not files:
         raise ConversationError("Write a message or add a file first.")
+    check_length(text, "This message")
     turn = Turn(text=text)
     clip = None
     for upload in files:

@@ -171,7 +171,7 @@ async def run_grid(
                     video=next((f for f in files if is_video(f)), None),
                 )
                 messages = await engine_messages([turn], None, decoder, card.video_frames)
-                check_fits(card, messages)
+                await asyncio.to_thread(check_fits, card, messages)
                 async for _ in stream_reply(manager, card, messages, run.sampling, reply, clock):
                     changed.set()
                 if reply.state == "done" and turn.images and card.grounding is not None:
@@ -254,11 +254,15 @@ def to_record(run: GridRun, media: Mapping[str, MediaRecord]) -> ConversationRec
     )
 
 
-def media_records(prompt_set: PromptSet) -> tuple[dict[str, MediaRecord], dict[str, Path]]:
-    """The set's files as the history records them (name -> record), and the files by hash
-    (for `History.save` to keep). Files that are not there are left out."""
+def media_records(prompt_set: PromptSet, checked: Checked) -> tuple[dict[str, MediaRecord], dict[str, Path]]:
+    """The files of the set's items whose files `checked` passed, as the history records them
+    (name -> record), and the files by hash (for `History.save` to keep). Files that are not
+    there are left out, and so are a refused item's: the history keeps its files for weeks, and
+    a file the media pipeline refused (a picture of 80 megapixels) is not the server's to keep."""
+    passed = {item for items in checked.runnable.values() for item in items}
+    passed |= {item for item, _ in checked.refused_cells}
     records, files = {}, {}
-    for name in dict.fromkeys(n for item in prompt_set.items for n in item.media):
+    for name in dict.fromkeys(n for item in prompt_set.items if item.id in passed for n in item.media):
         path = prompt_set.path(name)
         if path.is_file():
             record = describe_media(path, name, "video" if is_video(path) else "image", "")

@@ -48,7 +48,9 @@ MAX_QUESTION_CHARS = 8000
 # clips barely compress, so a high ratio is a bomb, not a set.
 MAX_ZIP_BYTES = 1 * 2**30  # unpacked, all entries
 MAX_ZIP_ENTRIES = 2000
-MAX_ZIP_RATIO = 100  # unpacked size to packed size, for an entry over 1 MiB unpacked
+# Unpacked size to packed size, for an entry over 1 MiB unpacked and for the whole zip past 1 MiB
+# (entries of 1 MiB each, under the first rule, made a 1 MB zip of 0.93 GB).
+MAX_ZIP_RATIO = 100
 RATIO_FROM_BYTES = 2**20
 # The built-in sets sit with the example files they ask about.
 EXAMPLE_SETS = Path(__file__).resolve().parents[2] / "static" / "examples"
@@ -215,6 +217,14 @@ def check_zip(name: str, entries: list[zipfile.ZipInfo]) -> None:
                 f"{name}: {PurePosixPath(entry.filename).name} unpacks to over {MAX_ZIP_RATIO} times "
                 "its packed size, which no picture or clip does; zip the files themselves."
             )
+    unpacked = sum(entry.file_size for entry in entries)
+    if unpacked > RATIO_FROM_BYTES and unpacked > MAX_ZIP_RATIO * max(
+        sum(e.compress_size for e in entries), 1
+    ):
+        raise PromptSetError(
+            f"{name} unpacks to over {MAX_ZIP_RATIO} times its packed size, which no pictures or clips "
+            "do; zip the files themselves."
+        )
 
 
 def extract(opened: zipfile.ZipFile, entry: zipfile.ZipInfo, path: Path, budget: int, name: str) -> int:

@@ -216,15 +216,16 @@ class Coordinator:
         return acted
 
     def _describe_line(self, head: Slot, decision: Decision) -> None:
-        """Tells the waiting models' status what they wait for."""
-        name = head.card.display_name
+        """Tells the waiting models' status what they wait for, never naming the other models:
+        every visitor reads every model's status, and the arena's battles are blind (which
+        models another visitor uses is not a stranger's to learn either)."""
         for slot in {t.slot for t in self._admission.line}:
             if slot is not head:
-                self._board.set_phase(slot, f"in line behind {name}")
+                self._board.set_phase(slot, "in line behind another model")
         busy = [self._slots[k] for k in (*decision.drain, *decision.blocking) if k in self._slots]
         if busy:
             answers = sum(s.leases for s in busy)
-            names = ", ".join(s.card.display_name for s in busy)
-            self._board.set_phase(head, f"waiting for {answers} answer(s) on {names} to finish")
+            others = "another model" if len(busy) == 1 else f"{len(busy)} other models"
+            self._board.set_phase(head, f"waiting for {answers} answer(s) on {others} to finish")
         elif decision.action == "wait":
             self._board.set_phase(head, "waiting for memory being freed")

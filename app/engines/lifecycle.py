@@ -199,9 +199,10 @@ class Lifecycle:
 
     async def evict(self, victim: Slot, sleep: bool, newcomer: Slot) -> None:
         """Sleeps or unloads an engine nobody uses, to make room for `newcomer`."""
-        name = newcomer.card.display_name
-        self._board.set_activity(victim, "unloading", f"making room for {name}")
-        self._board.set_phase(newcomer, f"unloading {victim.card.display_name}")
+        # Neither phase names the other model (`Coordinator._describe_line`); the log does.
+        log.info("unloading %s to make room for %s", victim.card.key, newcomer.card.key)
+        self._board.set_activity(victim, "unloading", "making room for another model")
+        self._board.set_phase(newcomer, "unloading another model to make room")
         try:
             need = self.need(victim)
             if sleep and need is not None:
@@ -222,7 +223,7 @@ class Lifecycle:
                     log.exception("putting %s to sleep failed; shutting it down", victim.card.key)
                     sleep = False
             if not sleep:
-                await self.unload(victim, f"made room for {name}")
+                await self.unload(victim, "made room for another model")
         finally:
             victim.draining = victim.aborting = False
             victim.drain_deadline = None

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from PIL import Image, ImageOps
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from sqlalchemy import (
     JSON,
@@ -52,6 +51,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
 from app.config import Settings, SettingsError
+from app.media.loading import load_image
 from app.storage.votes import Outcome, Vote, pair_of
 
 log = logging.getLogger(__name__)
@@ -913,11 +913,11 @@ def hash_file(path: Path) -> str:
 
 
 def thumbnail(path: Path) -> bytes:
-    """A small JPEG of a picture (empty if it cannot be read). Only pictures: PIL's decoders are
-    bounded (its decompression-bomb limit); videos go to the isolated decoding worker."""
+    """A small JPEG of a picture (empty if it cannot be read). Only pictures, and only what the
+    chat would take (`load_image`: its formats, its pixel limit, upright): Pillow's own bomb limit
+    lets a picture of 170 megapixels through; videos go to the isolated decoding worker."""
     try:
-        with Image.open(path) as opened:
-            image = ImageOps.exif_transpose(opened).convert("RGB")
+        image = load_image(path)
         image.thumbnail((THUMBNAIL_SIDE, THUMBNAIL_SIDE))
         buffer = io.BytesIO()
         image.save(buffer, "JPEG", quality=80)

@@ -185,7 +185,7 @@ class GridView:
         if history is None or work.run is None:
             return ""
         try:
-            records, files = await asyncio.to_thread(grid.media_records, work.prompt_set)
+            records, files = await asyncio.to_thread(grid.media_records, work.prompt_set, work.checked)
             await asyncio.to_thread(history.save, visit.browser_id, grid.to_record(work.run, records), files)
         except Exception:
             return "(It could not be stored in the history.)"

@@ -3,8 +3,9 @@
 Gradio serves more than the page needs, and says more than users should see. In front of it:
 - Only `/chat` is callable by name (`/gradio_api/call/<name>`): the page's own events run
   through the queue with the page's session, and are not an API. The REST route that skips the
-  queue (`/gradio_api/run/...`) is closed here, in one line (Gradio logged a traceback for a
-  bad call to it), but for the page's own queue-less events (an example's click), each checked.
+  queue (`/gradio_api/run/...`, and the same route's older name `/gradio_api/api/...`) is closed
+  here, in one line (Gradio logged a traceback for a bad call to it), but for the page's own
+  queue-less events (an example's click) through `/run/predict`, each checked.
 - Uploads are taken from this page's origin (its public URL when one is set, as behind a proxy
   that rewrites `Host`; else the host it is asked at), or from clients that send no `Origin`,
   such as `gradio_client`; never from another site's page.
@@ -82,7 +83,9 @@ class Guard:
             endpoints = " and ".join(f"/{name}" for name in self.public_api)
             await refuse(send, 404, f"Not found: the API's endpoints are {endpoints}.")
             return
-        if path.startswith(f"{API}/run/"):
+        # Gradio serves the route that skips the queue under two names, `/run/` and `/api/`
+        # ("for backwards compatibility"); the page uses the first only.
+        if path.startswith((f"{API}/run/", f"{API}/api/")):
             try:
                 receive = await self._page_call(path, receive)
             except (NotAPageCall, BodyTooLarge):
