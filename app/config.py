@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import ipaddress
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -139,6 +140,19 @@ def _mapping(value: Any) -> Any:
 
 def _keys(value: Any) -> Any:
     return tuple(k.strip() for k in value.split(",") if k.strip()) if isinstance(value, str) else value
+
+
+def _networks(value: Any) -> Any:
+    """Addresses or ranges (`10.0.0.0/8`), each checked as one."""
+    entries = _keys(value)
+    for entry in entries:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ValueError(
+                f"{entry!r} is not an IP address or range (like 10.0.0.7 or 10.0.0.0/8)"
+            ) from None
+    return entries
 
 
 def _blank_is_none(value: Any) -> Any:
@@ -454,6 +468,17 @@ class Settings(BaseSettings):
     concurrency: Annotated[
         Count, Doc("answers generated at once per view", COUNT, metavar="N", group="web")
     ] = 16
+    # So that one client cannot hold every slot above (`app.views.fairness`).
+    answers_per_visitor: Annotated[
+        Count,
+        Doc(
+            "answers one visitor may have running at once (clients that keep no cookie share one "
+            "such allowance)",
+            COUNT,
+            metavar="N",
+            group="web",
+        ),
+    ] = 8
     # A closed tab's files are deleted after this; a reload within it finds its conversation.
     reload_grace_s: Annotated[
         Seconds,
@@ -557,10 +582,11 @@ class Settings(BaseSettings):
     trusted_proxies: Annotated[
         tuple[str, ...],
         NoDecode,
-        BeforeValidator(_keys),
+        BeforeValidator(_networks),
         Doc(
-            "addresses of reverse proxies whose X-Forwarded-For header names the client, separated by commas",
-            "IP addresses separated by commas",
+            "addresses or ranges of reverse proxies whose X-Forwarded-For header names the client, "
+            "separated by commas",
+            "IP addresses or ranges (10.0.0.0/8) separated by commas",
             default="none: the address a request comes from is the client's",
             metavar="ADDRESSES",
             group="web",

@@ -15,11 +15,13 @@ from ports import free_port
 
 from app.catalog.cards import load_cards
 from app.config import Settings
+from app.domain.sessions import Visit
 from app.engines.manager import EngineManager
 from app.engines.vllm_engine import VllmEngineFactory
 from app.media.loading import VideoDecoderPool
 from app.storage.history import History, sqlite_url
 from app.views import Playground, build, launch
+from app.views.fairness import NO_COOKIE
 from app.views.page import PAGE_SESSIONS
 
 
@@ -63,4 +65,44 @@ def test_api_calls_leave_no_session_state_behind(tmp_path: Path):
         demo.close()
         decoder.close()
         history.close()
+    asyncio.run(manager.close())
+
+
+def test_one_client_holds_only_its_own_allowance_of_answers_and_scripts_without_a_cookie_share_one(
+    tmp_path: Path,
+):
+    """A hostile script's 80 open `/chat` calls held every slot of the queue, and every other
+    visitor's events were refused ("Queue is full"). Each visitor may have
+    `APP_ANSWERS_PER_VISITOR` answers running (here 1, held by the test); clients that keep no
+    cookie are a new visitor at every call, so they share one allowance: past it they are refused
+    at once, in one line, and a visitor with its cookie is not."""
+    settings = Settings(gpu_count=0, port=free_port(), answers_per_visitor=1)
+    decoder = VideoDecoderPool(workers=1)
+    manager = EngineManager(load_cards(), settings, VllmEngineFactory(settings))
+    playground = Playground(manager, settings, decoder, None)
+    demo = launch(build(playground), settings, block=False, quiet=True)
+    message = {"text": "hi", "files": []}
+    url = f"http://127.0.0.1:{settings.port}/"
+    try:
+        with httpx.Client(base_url=url, timeout=60) as kept, httpx.Client(base_url=url, timeout=60) as other:
+            kept.get("config")  # the server's cookie, kept from here on (as gradio_client does)
+            visitor = playground.identity.visitor({"cookie": f"vlm_visitor={kept.cookies['vlm_visitor']}"})
+            assert visitor is not None
+            with playground.allowance.held(Visit(counted_as=NO_COOKIE)):
+                for _ in range(2):
+                    other.cookies.clear()  # a script that drops the cookie: a new visitor each call
+                    refused = call(other, "chat", [message, "no-such-model", "", None, None, 8, 0])
+                    assert "clients that keep no cookie" in refused and "Traceback" not in refused
+                # A visitor with its cookie is not held up (refused only for the model it named).
+                assert "Pick a model" in call(kept, "chat", [message, "no-such-model", "", None, None, 8, 0])
+            with playground.allowance.held(Visit(counted_as=visitor)):
+                assert "You have 1 answer running" in call(kept, "chat", [message, "x", "", None, None, 8, 0])
+                other.cookies.clear()
+                assert "Pick a model" in call(other, "chat", [message, "no-such-model", "", None, None, 8, 0])
+            # Released: the allowance is back, for both.
+            assert "Pick a model" in call(kept, "chat", [message, "no-such-model", "", None, None, 8, 0])
+            assert not playground.allowance.running
+    finally:
+        demo.close()
+        decoder.close()
     asyncio.run(manager.close())

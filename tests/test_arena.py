@@ -363,7 +363,7 @@ def test_a_message_both_models_fail_on_goes_back_to_the_box_with_a_blind_line(lo
     turn is taken back, the message goes back to the box to change, and the line names no model."""
     view, _, history, _ = arena
     visit = Visit(browser_id="browser-both-fail")
-    text = "A long question. " * 20_000
+    text = "A long question. " * 5_000  # past both contexts, within the length a message takes
     updates = loop.run(collect(view.ask({"text": text, "files": []}, visit)))
     last = updates[-1]
     assert last[5] == WARNING + BLIND_FAILURE

@@ -109,6 +109,31 @@ def test_uploads_come_from_the_public_address_behind_a_proxy_that_rewrites_host(
     )
 
 
+def test_another_sites_page_reaches_no_api_route_only_this_page_and_scripts_do():
+    """Gradio answers any site's page on a public host, credentials allowed (its CORS reflects the
+    Origin): a page elsewhere could run this page's events with the visitor's cookie (sent
+    cross-site over https, `SameSite=None`, so that a Space's frame keeps it) and read their
+    history. The guard takes API requests from this page's origin, or from scripts (no Origin)."""
+    behind = client(public_url="https://vlm.example.org", host="127.0.0.1:7860")
+    join = {"data": [], "fn_index": 0, "session_hash": "abc"}
+    for path in (
+        "/gradio_api/queue/join",
+        "/gradio_api/queue/data?session_hash=abc",
+        "/gradio_api/call/chat",
+    ):
+        for foreign in ("https://elsewhere.example", "null", "http://vlm.example.org"):
+            refused = behind.post(path, json=join, headers={"Origin": foreign})
+            assert refused.status_code == 403 and "\n" not in refused.text, (path, foreign)
+        assert behind.post(path, json=join, headers={"Origin": "https://vlm.example.org"}).status_code == 200
+        assert behind.post(path, json=join).status_code == 200
+    assert (
+        behind.get("/gradio_api/queue/data", headers={"Origin": "https://elsewhere.example"}).status_code
+        == 403
+    )
+    # The page itself, and what is not the API (its HTML, its config), stay anyone's to fetch.
+    assert behind.get("/", headers={"Origin": "https://elsewhere.example"}).status_code == 200
+
+
 def test_the_route_that_skips_the_queue_is_closed_in_one_line():
     """Under both its names: Gradio serves `/run/<name>` at `/api/<name>` too ("for backwards
     compatibility"), where a hostile review found every queue-less event callable with any inputs,

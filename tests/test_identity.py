@@ -23,7 +23,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from app.catalog.cards import load_cards
-from app.config import Settings
+from app.config import Settings, SettingsError
 from app.engines.manager import EngineManager
 from app.engines.vllm_engine import VllmEngineFactory
 from app.media.loading import VideoDecoderPool
@@ -80,6 +80,20 @@ def test_the_address_is_the_peers_unless_a_trusted_proxy_forwarded_it():
     assert IDENTITY.address("10.9.9.9", "1.2.3.4, 198.51.100.1") == "198.51.100.1"
     assert IDENTITY.address("10.9.9.9", "198.51.100.1, 10.9.9.9") == "198.51.100.1"
     assert IDENTITY.address_key("198.51.100.1") != "198.51.100.1"
+
+
+def test_trusted_proxies_may_be_ranges():
+    """A hosted proxy (a Space's) answers from a pool of addresses: listed one by one, a request
+    from another of them counted every visitor as that proxy (one vote limit for all)."""
+    pool = Identity(secrets.token_bytes(32), trusted_proxies=("10.16.0.0/12", "fd00::/8", "192.0.2.7"))
+    assert pool.address("10.20.30.40", "198.51.100.1") == "198.51.100.1"
+    assert pool.address("10.20.30.40", "198.51.100.1, 10.31.0.1") == "198.51.100.1"
+    assert pool.address("fd00::1", "2001:db8::5") == "2001:db8::5"
+    assert pool.address("192.0.2.7", "198.51.100.1") == "198.51.100.1"
+    assert pool.address("10.32.0.1", "198.51.100.1") == "10.32.0.1"  # outside the range
+    assert pool.address("not an address", "198.51.100.1") == "not an address"
+    with pytest.raises(SettingsError, match=r"APP_TRUSTED_PROXIES.*10\.0\.0\.300"):
+        Settings.from_env({"APP_TRUSTED_PROXIES": "10.0.0.1, 10.0.0.300"})
 
 
 def test_the_signing_key_outlives_a_restart_and_is_the_apps_alone(tmp_path):
@@ -143,11 +157,16 @@ def test_the_served_page_issues_the_cookie_and_its_load_believes_only_the_cookie
 
 
 def test_the_cookie_is_secure_where_the_public_address_is_https(tmp_path: Path):
+    """Over https it is also sent inside another site's frame (`SameSite=None`): a Space's page on
+    huggingface.co frames the app at its own hf.space address, and a browser keeps no `Lax`
+    cookie there (each reload was a new visitor, with no history and a fresh vote limit).
+    Browsers take `None` only with `Secure`, so plain http keeps `Lax`."""
     settings = Settings(gpu_count=0, public_url="https://vlm.example.org")
     decoder = VideoDecoderPool(workers=1)
     try:
         manager = EngineManager(load_cards(), settings, VllmEngineFactory(settings))
         identity = Playground(manager, settings, decoder, None).identity
-        assert b"; Secure" in identity.cookie_header("a" * 32)
+        header = identity.cookie_header("a" * 32)
+        assert b"; Secure" in header and b"SameSite=None" in header and b"SameSite=Lax" not in header
     finally:
         decoder.close()

@@ -258,6 +258,11 @@ def test_public_page_defaults(served: tuple[Playground, str, RecordingFactory], 
             for data in ([0], [], [0, 0]):
                 closed = http.post("gradio_api/api/predict", json={"fn_index": index, "data": data})
                 assert closed.status_code == 404 and "\n" not in closed.text, (index, data)
+        # Another site's page gets nothing of the API, though Gradio's CORS would answer it.
+        foreign = {"Origin": "https://elsewhere.example"}
+        join = {"data": [], "fn_index": queue_less[0], "session_hash": "abc", "event_data": None}
+        assert http.post("gradio_api/queue/join", json=join, headers=foreign).status_code == 403
+        assert http.get("gradio_api/queue/data?session_hash=abc", headers=foreign).status_code == 403
 
 
 def test_the_ui_module_imports_no_torch():

@@ -26,6 +26,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.views.identity import TrustedProxies
+
 log = logging.getLogger(__name__)
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}")
@@ -148,7 +150,7 @@ class SignIn:
     ) -> None:
         self.mode = mode
         self.header = header.lower()
-        self.trusted_proxies = frozenset(trusted_proxies)
+        self.trusted_proxies = TrustedProxies(trusted_proxies)
 
     @property
     def enabled(self) -> bool:

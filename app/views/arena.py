@@ -85,9 +85,11 @@ class ArenaView:
         forget_sent(visit, "arena")  # an earlier message's, whose end never came
         session = visit.arena if visit is not None else Session()
         names: dict[str, str] = {}
+        held = contextlib.ExitStack()  # the visitor's allowance, while the answers run
         try:
             if visit is None:
                 raise ConversationError(NO_VISIT)
+            held.enter_context(self.playground.allowance.held(visit))
             if visit.battle is None or visit.battle.revealed or not finished(answers(session)):
                 session.close()
                 visit.battle = None
@@ -102,6 +104,7 @@ class ArenaView:
                     raise ArenaError(BLIND_REFUSAL) from None
             turn, clip = await make_turn(session, text, files, self.playground.decoder, cards[0].video_frames)
         except Exception as error:
+            held.close()
             yield (
                 *self.view(visit),
                 box_idle(value=message),
@@ -130,15 +133,16 @@ class ArenaView:
         session.stop_requested = False
         # The first update hides the vote (until both answers end) and the last battle's names.
         first: tuple[Any, ...] = (box_streaming(value=None), "", gr.Column(visible=False), "")
-        async with contextlib.aclosing(
-            compare.run(self.playground.manager, comparison, cards, messages_for, media=turn.media)
-        ) as run:
-            async for update in run:
-                turn.columns = update.columns
-                yield *self.view(visit), *first
-                first = (gr.skip(), "", gr.skip(), gr.skip())
-                if session.stop_requested:
-                    break
+        with held:
+            async with contextlib.aclosing(
+                compare.run(self.playground.manager, comparison, cards, messages_for, media=turn.media)
+            ) as run:
+                async for update in run:
+                    turn.columns = update.columns
+                    yield *self.view(visit), *first
+                    first = (gr.skip(), "", gr.skip(), gr.skip())
+                    if session.stop_requested:
+                        break
         turn.columns = comparison.columns
         if visit.battle is not battle or not any(t is turn for t in session.turns):
             # "New battle" or a trash icon ended this one meanwhile: the page shows the next.

@@ -128,9 +128,11 @@ class ChatView:
         # a tokenizer's first load). A refusal below puts the message back in the box.
         shown = conversation(session, until=editing)
         yield [*shown, *preparing(text, files)], box_streaming(value=None), "", ""
+        held = contextlib.ExitStack()  # the visitor's allowance, while the answer runs
         try:
             if visit is None:
                 raise ConversationError(NO_VISIT)
+            held.enter_context(self.playground.allowance.held(visit))
             card = self.playground.servable(key)
             sampling = self.playground.sampling(card, *controls)
             check_media(card, files)
@@ -147,15 +149,17 @@ class ChatView:
                 session.branch(editing, turn)
             visit.sent["chat"] = message
         except Exception as error:
+            held.close()
             yield shown_if(visit, session), box_idle(value=message), refusal(error), gr.skip()
             return
         session.editing = None
         keep = partial(self.kept, visit, session, key, system)
         gone = partial(let_go, visit, session, turn)
-        async for update in self.answer(
-            card, session, turn, prompt, sampling, box_streaming(value=None), keep, gone
-        ):
-            yield update
+        with held:
+            async for update in self.answer(
+                card, session, turn, prompt, sampling, box_streaming(value=None), keep, gone
+            ):
+                yield update
         if turn.reply is not None and turn.reply.state == "failed" and not gone():
             session.discard(turn)  # the message goes back to the box, to send again
             forget_sent(visit, "chat")

@@ -70,9 +70,11 @@ class CompareView:
         self.playground.active(visit)
         forget_sent(visit, "compare")  # an earlier message's, whose end never came
         session = visit.compare if visit is not None else Session()
+        held = contextlib.ExitStack()  # the visitor's allowance, while the answers run
         try:
             if visit is None:
                 raise ConversationError(NO_VISIT)
+            held.enter_context(self.playground.allowance.held(visit))
             cards = [self.playground.servable(key) for key in keys or []]
             if not compare.MIN_MODELS <= len(cards) <= compare.MAX_MODELS:
                 raise ConversationError(
@@ -87,6 +89,7 @@ class CompareView:
                 session.close()
             turn, clip = await make_turn(session, text, files, self.playground.decoder, cards[0].video_frames)
         except Exception as error:
+            held.close()
             yield (
                 *columns_view(None),
                 gr.skip(),
@@ -99,6 +102,7 @@ class CompareView:
         # What the run yields where another comparison was opened meanwhile: the one shown stays.
         left_alone = (*(gr.skip(),) * len(columns_view(None)), gr.skip(), box_idle(), *(gr.skip(),) * 3)
         if visit.compare is not session:  # another opened while the message was prepared: back to the box
+            held.close()
             notice = refusal(ConversationError(OPENED_MEANWHILE))
             yield (*left_alone[:-4], box_idle(value=message), notice, *left_alone[-2:])
             return
@@ -125,17 +129,18 @@ class CompareView:
         def gone() -> bool:  # another comparison opened meanwhile
             return visit.compare is not session or not any(t is turn for t in session.turns)
 
-        async with contextlib.aclosing(
-            compare.run(self.playground.manager, comparison, cards, messages_for, media=turn.media)
-        ) as run:
-            async for update in run:
-                turn.columns = update.columns
-                if session.stop_requested or gone():
-                    break
-                if all(column.ended for column in update.columns):
-                    continue  # the end is shown below, once stored
-                yield *columns_view(update), sent, box, "", gr.skip(), gr.skip()
-                sent, box = gr.skip(), gr.skip()
+        with held:
+            async with contextlib.aclosing(
+                compare.run(self.playground.manager, comparison, cards, messages_for, media=turn.media)
+            ) as run:
+                async for update in run:
+                    turn.columns = update.columns
+                    if session.stop_requested or gone():
+                        break
+                    if all(column.ended for column in update.columns):
+                        continue  # the end is shown below, once stored
+                    yield *columns_view(update), sent, box, "", gr.skip(), gr.skip()
+                    sent, box = gr.skip(), gr.skip()
         for card, column in zip(cards, comparison.columns, strict=True):
             if column.state == "done" and not gone():
                 await self.playground.draw_boxes(card, session, turn, column)

@@ -6,9 +6,11 @@ Gradio serves more than the page needs, and says more than users should see. In 
   queue (`/gradio_api/run/...`, and the same route's older name `/gradio_api/api/...`) is closed
   here, in one line (Gradio logged a traceback for a bad call to it), but for the page's own
   queue-less events (an example's click) through `/run/predict`, each checked.
-- Uploads are taken from this page's origin (its public URL when one is set, as behind a proxy
-  that rewrites `Host`; else the host it is asked at), or from clients that send no `Origin`,
-  such as `gradio_client`; never from another site's page.
+- Uploads, and every other API request, are taken from this page's origin (its public URL when
+  one is set, as behind a proxy that rewrites `Host`; else the host it is asked at), or from
+  clients that send no `Origin`, such as `gradio_client`; never from another site's page
+  (Gradio's CORS answers any site on a public host, credentials allowed, and the visitor's
+  cookie goes cross-site over https so that a Space's frame keeps it).
 - The `Host` header is checked against the addresses the page is served at, and forwarded-host
   headers are dropped, so the page's `/config` never tells a visitor an address it made up.
 - Server paths never leave the server: Gradio's upload folder is `@uploads/` on the wire and
@@ -96,6 +98,12 @@ class Guard:
                 return
         if path.startswith(f"{API}/upload") and not self.same_origin(values.get(b"origin"), host):
             await refuse(send, 403, "Uploads are taken from this page only.")
+            return
+        if path.startswith(f"{API}/") and not self.same_origin(values.get(b"origin"), host):
+            # Gradio's CORS lets any site's page call a public host with the visitor's cookie.
+            await refuse(
+                send, 403, "The API takes requests from this page or from a script, not from another site."
+            )
             return
         if path.startswith(API) and scope["type"] == "http":
             self._to_server(scope)

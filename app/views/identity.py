@@ -4,14 +4,15 @@ A visitor's id is issued by the server in a signed, HttpOnly cookie (`vlm_visito
 script cannot read or forge it, and a script that drops it is a new visitor with no history and
 no votes behind it. The signing key lives in the data folder (so ids outlive a restart) or, where
 that cannot be written, in the process. The client's address is the connection's peer, or,
-behind a reverse proxy listed in APP_TRUSTED_PROXIES, the last address in X-Forwarded-For that
-is not one of those proxies: a visitor cannot pick it either.
+behind a reverse proxy listed in APP_TRUSTED_PROXIES (addresses or ranges), the last address in
+X-Forwarded-For that is not one of those proxies: a visitor cannot pick it either.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Collection, MutableMapping
@@ -22,6 +23,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 COOKIE = "vlm_visitor"
+# Set on a request that came without a valid cookie (its visitor issued by this request).
+NEW_VISITOR_HEADER = b"x-vlm-new-visitor"
 MAX_AGE_S = 365 * 86400
 ID_LENGTH = 32  # hex characters, as the history's browser ids
 
@@ -52,10 +55,28 @@ def signing_key(folder: Path | None) -> bytes:
     return secrets.token_bytes(32)
 
 
+class TrustedProxies:
+    """The reverse proxies whose forwarding headers are believed: addresses or ranges (a hosted
+    proxy answers from a pool of addresses)."""
+
+    def __init__(self, entries: Collection[str] = ()) -> None:
+        self.networks = [ipaddress.ip_network(entry, strict=False) for entry in entries]
+
+    def __contains__(self, address: object) -> bool:
+        try:
+            parsed = ipaddress.ip_address(str(address))
+        except ValueError:
+            return False
+        return any(parsed in network for network in self.networks)
+
+    def __bool__(self) -> bool:
+        return bool(self.networks)
+
+
 class Identity:
     def __init__(self, key: bytes, trusted_proxies: Collection[str] = (), secure: bool = False) -> None:
         self.key = key
-        self.trusted_proxies = frozenset(trusted_proxies)
+        self.trusted_proxies = TrustedProxies(trusted_proxies)
         self.secure = secure
 
     def sign(self, visitor: str) -> str:
@@ -81,6 +102,11 @@ class Identity:
             return None
         return self.verify(morsel.value) if morsel is not None else None
 
+    @staticmethod
+    def came_back(headers: Any) -> bool:
+        """Whether the request came with a valid cookie of this server's (not one it was just given)."""
+        return headers is not None and headers.get(NEW_VISITOR_HEADER.decode()) is None
+
     def address(self, peer: str | None, forwarded_for: str | None) -> str:
         """The client's address: the peer's, or behind a trusted proxy the one it forwarded for."""
         address = peer or "unknown"
@@ -96,9 +122,11 @@ class Identity:
         return hmac.new(self.key, f"address:{address}".encode(), hashlib.sha256).hexdigest()[:32]
 
     def cookie_header(self, visitor: str) -> bytes:
-        attributes = f"Max-Age={MAX_AGE_S}; Path=/; HttpOnly; SameSite=Lax" + (
-            "; Secure" if self.secure else ""
-        )
+        """Over https, `SameSite=None`: a Space's page (huggingface.co) frames the app at another
+        site (hf.space), where a browser keeps no `Lax` cookie. Browsers take `None` only with
+        `Secure`, so plain http keeps `Lax`. The cookie is HttpOnly and signed either way."""
+        same_site = "None; Secure" if self.secure else "Lax"
+        attributes = f"Max-Age={MAX_AGE_S}; Path=/; HttpOnly; SameSite={same_site}"
         return f"{COOKIE}={self.sign(visitor)}; {attributes}".encode("latin-1")
 
 
@@ -114,14 +142,17 @@ class IdentityMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        # Only this middleware says a visitor is new (a client's own header of that name goes).
+        scope["headers"] = [(n, v) for n, v in scope["headers"] if n != NEW_VISITOR_HEADER]
         headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
         if self.identity.visitor(headers) is not None:
             await self.app(scope, receive, send)
             return
         visitor = secrets.token_hex(ID_LENGTH // 2)
         signed = f"{COOKIE}={self.identity.sign(visitor)}".encode("latin-1")
-        # Any forged or stale cookie of ours is replaced, for this request and the browser.
-        kept = [(n, v) for n, v in scope["headers"] if n != b"cookie"]
+        # Any forged or stale cookie of ours is replaced, for this request and the browser; the
+        # request is marked as a new visitor's (`came_back`).
+        kept = [(n, v) for n, v in scope["headers"] if n != b"cookie"] + [(NEW_VISITOR_HEADER, b"1")]
         others = b"; ".join(
             part.strip()
             for part in headers.get("cookie", "").encode("latin-1").split(b";")

@@ -38,6 +38,7 @@ from app.media.grounding import draw_answer_boxes
 from app.media.loading import VideoDecoderPool
 from app.storage.history import History
 from app.views.accounts import SignIn
+from app.views.fairness import Allowance
 from app.views.identity import Identity, signing_key
 from app.views.metrics import Visitors
 
@@ -98,6 +99,8 @@ class Playground:
             settings.trusted_proxies,
             secure=(settings.public_url or "").startswith("https://") or bool(os.environ.get("SPACE_HOST")),
         )
+        # Answers one visitor may have running at once (`APP_ANSWERS_PER_VISITOR`).
+        self.allowance = Allowance(settings.answers_per_visitor)
         # An operator's metrics (`APP_METRICS`): the manager tells them what it does.
         self.metrics: CollectorRegistry | None = None
         if settings.metrics:
