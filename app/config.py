@@ -472,8 +472,19 @@ class Settings(BaseSettings):
     answers_per_visitor: Annotated[
         Count,
         Doc(
-            "answers one visitor may have running at once (clients that keep no cookie share one "
-            "such allowance)",
+            "answers one visitor may have running at once (chat, compare, arena and /chat together)",
+            COUNT,
+            metavar="N",
+            group="web",
+        ),
+    ] = 4
+    # A cookie costs a script nothing: one client address's answers are bounded too, below the
+    # answers per view, so that the rest are refused at once rather than wait in the queue.
+    answers_per_address: Annotated[
+        Count,
+        Doc(
+            "answers one client address may have running at once (behind a proxy, list it in "
+            "APP_TRUSTED_PROXIES)",
             COUNT,
             metavar="N",
             group="web",
@@ -587,7 +598,7 @@ class Settings(BaseSettings):
             "addresses or ranges of reverse proxies whose X-Forwarded-For header names the client, "
             "separated by commas",
             "IP addresses or ranges (10.0.0.0/8) separated by commas",
-            default="none: the address a request comes from is the client's",
+            default="none: the address a request comes from is the client's (on a Space, the private ranges)",
             metavar="ADDRESSES",
             group="web",
         ),

@@ -8,7 +8,8 @@ database and on the leaderboard), and watches the server's memory.
 The app runs as `python -m app` in a subprocess on a free port, with its own data folder and
 temporary folder, the default CPU catalog (the two seeing demo models and two random-weight twins)
 and its public defaults, but for the arena's vote limits: every visitor here comes from
-127.0.0.1, so they are raised (`APP_ARENA_VOTES_PER_HOUR`, `..._PER_ADDRESS_PER_HOUR`).
+127.0.0.1, so they are raised (`APP_ARENA_VOTES_PER_HOUR`, `..._PER_ADDRESS_PER_HOUR`), and so is
+the answers one address may have running (`APP_ANSWERS_PER_ADDRESS`).
 `--browsers` of the visitors drive a page each (one Chromium, a context per visitor: its own
 signed cookie); the others call `/chat` (and `/leaderboard`) over HTTP with server-sent events,
 as `gradio_client` does. Each visitor loops through actions with a random think time between
@@ -112,6 +113,7 @@ class Server:
             "TMPDIR": str(scratch),
             "APP_ARENA_VOTES_PER_HOUR": "100000",
             "APP_ARENA_VOTES_PER_ADDRESS_PER_HOUR": "100000",
+            "APP_ANSWERS_PER_ADDRESS": "1000",  # every visitor here is 127.0.0.1
             "PYTHONUNBUFFERED": "1",
         }
         self.log = self.log_path.open("w")

@@ -21,7 +21,6 @@ from app.engines.vllm_engine import VllmEngineFactory
 from app.media.loading import VideoDecoderPool
 from app.storage.history import History, sqlite_url
 from app.views import Playground, build, launch
-from app.views.fairness import NO_COOKIE
 from app.views.page import PAGE_SESSIONS
 
 
@@ -68,39 +67,45 @@ def test_api_calls_leave_no_session_state_behind(tmp_path: Path):
     asyncio.run(manager.close())
 
 
-def test_one_client_holds_only_its_own_allowance_of_answers_and_scripts_without_a_cookie_share_one(
-    tmp_path: Path,
-):
+def test_one_client_holds_only_its_own_allowance_of_answers_whatever_cookies_it_mints(tmp_path: Path):
     """A hostile script's 80 open `/chat` calls held every slot of the queue, and every other
-    visitor's events were refused ("Queue is full"). Each visitor may have
-    `APP_ANSWERS_PER_VISITOR` answers running (here 1, held by the test); clients that keep no
-    cookie are a new visitor at every call, so they share one allowance: past it they are refused
-    at once, in one line, and a visitor with its cookie is not."""
-    settings = Settings(gpu_count=0, port=free_port(), answers_per_visitor=1)
+    visitor's events were refused ("Queue is full"). A visitor may have `APP_ANSWERS_PER_VISITOR`
+    answers running, and an address `APP_ANSWERS_PER_ADDRESS` (here 1 and 2, held by the test):
+    a script that takes a fresh cookie for each call is a new visitor each time (a hostile review
+    of the first version, which counted by cookie alone, ran five answers on an allowance of one
+    so), but not a new address. Past either, refused at once, in one line."""
+    settings = Settings(gpu_count=0, port=free_port(), answers_per_visitor=1, answers_per_address=2)
     decoder = VideoDecoderPool(workers=1)
     manager = EngineManager(load_cards(), settings, VllmEngineFactory(settings))
     playground = Playground(manager, settings, decoder, None)
     demo = launch(build(playground), settings, block=False, quiet=True)
     message = {"text": "hi", "files": []}
     url = f"http://127.0.0.1:{settings.port}/"
+
+    def ask(http: httpx.Client) -> str:
+        return call(http, "chat", [message, "no-such-model", "", None, None, 8, 0])
+
     try:
-        with httpx.Client(base_url=url, timeout=60) as kept, httpx.Client(base_url=url, timeout=60) as other:
+        with (
+            httpx.Client(base_url=url, timeout=60) as kept,
+            httpx.Client(base_url=url, timeout=60) as minting,
+        ):
             kept.get("config")  # the server's cookie, kept from here on (as gradio_client does)
-            visitor = playground.identity.visitor({"cookie": f"vlm_visitor={kept.cookies['vlm_visitor']}"})
+            visitor = playground.identity.verify(kept.cookies["vlm_visitor"])
             assert visitor is not None
-            with playground.allowance.held(Visit(counted_as=NO_COOKIE)):
-                for _ in range(2):
-                    other.cookies.clear()  # a script that drops the cookie: a new visitor each call
-                    refused = call(other, "chat", [message, "no-such-model", "", None, None, 8, 0])
-                    assert "clients that keep no cookie" in refused and "Traceback" not in refused
-                # A visitor with its cookie is not held up (refused only for the model it named).
-                assert "Pick a model" in call(kept, "chat", [message, "no-such-model", "", None, None, 8, 0])
-            with playground.allowance.held(Visit(counted_as=visitor)):
-                assert "You have 1 answer running" in call(kept, "chat", [message, "x", "", None, None, 8, 0])
-                other.cookies.clear()
-                assert "Pick a model" in call(other, "chat", [message, "no-such-model", "", None, None, 8, 0])
+            with playground.allowance.held(Visit(counted_as=visitor, address="127.0.0.1")):
+                assert "You have 1 answer running" in ask(kept)
+                minting.cookies.clear()  # a new visitor at this address: let through (refused
+                assert "Pick a model" in ask(minting)  # only for the model it named)
+                with playground.allowance.held(Visit(counted_as="another", address="127.0.0.1")):
+                    for _ in range(3):
+                        minting.cookies.clear()
+                        minting.get("config")  # a fresh cookie for every call
+                        refused = ask(minting)
+                        assert "2 answers are running from your address" in refused, refused
+                        assert "Traceback" not in refused
             # Released: the allowance is back, for both.
-            assert "Pick a model" in call(kept, "chat", [message, "no-such-model", "", None, None, 8, 0])
+            assert "Pick a model" in ask(kept) and "Pick a model" in ask(minting)
             assert not playground.allowance.running
     finally:
         demo.close()

@@ -156,17 +156,38 @@ def test_the_served_page_issues_the_cookie_and_its_load_believes_only_the_cookie
     assert len(strangers) == 3 and picked not in strangers and visitor not in strangers
 
 
-def test_the_cookie_is_secure_where_the_public_address_is_https(tmp_path: Path):
-    """Over https it is also sent inside another site's frame (`SameSite=None`): a Space's page on
-    huggingface.co frames the app at its own hf.space address, and a browser keeps no `Lax`
-    cookie there (each reload was a new visitor, with no history and a fresh vote limit).
-    Browsers take `None` only with `Secure`, so plain http keeps `Lax`."""
-    settings = Settings(gpu_count=0, public_url="https://vlm.example.org")
+def test_the_cookie_is_secure_where_the_public_address_is_https_and_cross_site_only_in_a_spaces_frame(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Over https the cookie is `Secure`. On a Space it is also sent inside another site's frame
+    (`SameSite=None`): huggingface.co frames the app at its own hf.space address, where a browser
+    keeps no `Lax` cookie (each reload was a new visitor, with no history and a fresh vote
+    limit). There every response says that only huggingface.co and the page itself may frame it,
+    so no other site can show the page with the visitor's cookie (a hostile review of the first
+    version: `None` everywhere let any site frame it and have the visitor click). On a Space the
+    proxy's private address is trusted to name the visitor (10.16.3.80 was seen)."""
     decoder = VideoDecoderPool(workers=1)
-    try:
+
+    def identity_of(settings: Settings) -> Identity:
         manager = EngineManager(load_cards(), settings, VllmEngineFactory(settings))
-        identity = Playground(manager, settings, decoder, None).identity
-        header = identity.cookie_header("a" * 32)
+        return Playground(manager, settings, decoder, None).identity
+
+    try:
+        https = identity_of(Settings(gpu_count=0, public_url="https://vlm.example.org"))
+        header = https.cookie_header("a" * 32)
+        assert b"; Secure" in header and b"SameSite=Lax" in header and https.frame_ancestors is None
+        assert https.address("10.16.3.80", "198.51.100.1") == "10.16.3.80"  # no proxy trusted
+        monkeypatch.setenv("SPACE_HOST", "someone-vlm.hf.space")
+        space = identity_of(Settings(gpu_count=0))
+        header = space.cookie_header("a" * 32)
         assert b"; Secure" in header and b"SameSite=None" in header and b"SameSite=Lax" not in header
+        assert space.frame_ancestors == b"frame-ancestors 'self' https://huggingface.co"
+        assert space.address("10.16.3.80", "203.0.113.4, 198.51.100.1") == "198.51.100.1"
+        assert space.address("198.51.100.9", "203.0.113.4") == "198.51.100.9"  # not the proxy
+        app = Starlette(routes=[Route("/", lambda _: PlainTextResponse("page"))])
+        framed = TestClient(IdentityMiddleware(app, space)).get("/")
+        assert framed.headers["content-security-policy"] == "frame-ancestors 'self' https://huggingface.co"
+        plain = TestClient(IdentityMiddleware(app, https)).get("/")
+        assert "content-security-policy" not in plain.headers
     finally:
         decoder.close()

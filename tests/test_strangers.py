@@ -7,6 +7,7 @@ an import past its limits taken."""
 from __future__ import annotations
 
 import base64
+import gc
 import io
 import json
 import time
@@ -968,3 +969,40 @@ def test_a_comparison_whose_store_failed_on_opening_another_stays_and_stops(
     *_, notice = loop.run(view.reopen(stored, visit, "tiny-a", ""))
     assert visit.compare is shown and notice == KEPT_OPEN
     assert shown.stop_requested and running.state == "stopped"
+
+
+def test_an_answers_place_in_the_allowance_is_held_while_it_streams_and_given_back_however_it_ends(
+    loop, views
+):
+    """`app.views.fairness` on the real engine: a chat answer holds one place of its visitor's and
+    its address's allowance while it streams, and gives it back when it ends, when the visitor
+    presses Stop, and when the page goes (Gradio closes the handler mid-answer), with the garbage
+    collector off so that only the handler's own code can give it back."""
+    view, _ = views
+    allowance = view.playground.allowance
+    _, visit = view.playground.sessions.attach(None, "page")
+    visit.browser_id = visit.counted_as = "allowance-visitor"
+    visit.address = "203.0.113.7"
+
+    async def ask(until: str, tokens: int) -> list[Any]:
+        message = {"text": "Count to a thousand.", "files": []}
+        updates = view.chat.send(message, visit, "tiny-a", "", 0.0, 1.0, tokens, 0)
+        seen, before = [], len(visit.chat.turns)
+        async for _ in updates:
+            if len(visit.chat.turns) > before and visit.chat.turns[-1].answer:
+                seen.append(dict(allowance.running))
+                if until == "stop":
+                    view.chat.stop(visit)
+                elif until == "closed":
+                    await updates.aclose()  # as Gradio does when the page goes
+                    break
+        return seen
+
+    gc.disable()
+    try:
+        for until, tokens in (("end", 8), ("stop", 4000), ("closed", 4000)):
+            seen = loop.run(ask(until, tokens))
+            assert seen and seen[0] == {"visitor allowance-visitor": 1, "address 203.0.113.7": 1}, until
+            assert not allowance.running, until
+    finally:
+        gc.enable()

@@ -53,9 +53,9 @@ class Visit:
     account: str | None = None
     # The client's address as the server sees it (`app.views.identity`): the arena's vote limit.
     address: str = ""
-    # Whose allowance of answers running at once this tab's answers count against
-    # (`app.views.fairness`): a page's visitor; for `/chat`, the script's visitor where it came back
-    # with the server's cookie, else "" (scripts that drop it are new at each call: together).
+    # The visitor whose allowance of answers running at once this tab's answers count against,
+    # with its address's (`app.views.fairness`): the page's visitor, or a `/chat` call's (its
+    # cookie's, where it sent one; a `/chat` call stores nothing, so `browser_id` stays empty).
     counted_as: str = ""
     # The message each view's box sent last (by view: "chat", "compare", "arena"), kept from when
     # the server took it until its answer ends (`app.views.widgets.settled_box`).

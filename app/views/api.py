@@ -10,7 +10,6 @@ import gradio as gr
 from app.domain.conversation import Session
 from app.domain.sessions import Visit
 from app.views.chat import ChatView
-from app.views.fairness import NO_COOKIE
 from app.views.services import WARNING
 
 CHAT_API = "chat"
@@ -36,13 +35,18 @@ class ChatApi:
         the page's order: message ({"text", "files"}), model key, system prompt, temperature,
         top-p, max tokens, seed (0 or None: random). Values left None take the model's
         defaults; bounds are the page's."""
-        # Answers running at once count against the script's visitor where it kept the cookie
-        # the server gave it, else against every such client's together (`app.views.fairness`).
-        headers = request.headers if request is not None else None
-        identity = self.chat.playground.identity
-        issued = identity.visitor(headers)
-        came_back = issued is not None and identity.came_back(headers)
-        visit = Visit(chat=Session(), counted_as=issued if issued and came_back else NO_COOKIE)
+        # Answers running at once count against the script's visitor (its cookie, a new one at
+        # each call where it keeps none) and its address (`app.views.fairness`).
+        playground = self.chat.playground
+        headers = request.headers if request is not None else {}
+        visit = Visit(
+            chat=Session(),
+            counted_as=playground.identity.visitor(headers) or "",
+            address=playground.identity.address(
+                getattr(request.client, "host", None) if request is not None else None,
+                headers.get("x-forwarded-for"),
+            ),
+        )
         try:
             async for update in self.chat.send(
                 message, visit, model, system_prompt, temperature, top_p, max_tokens, seed

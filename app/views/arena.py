@@ -113,6 +113,9 @@ class ArenaView:
                 gr.skip(),
             )
             return
+        except BaseException:  # cancelled while it was prepared: the place back now
+            held.close()
+            raise
         earlier = list(session.turns)
 
         async def messages_for(card: ModelCard) -> list[dict[str, Any]]:

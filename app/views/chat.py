@@ -152,6 +152,9 @@ class ChatView:
             held.close()
             yield shown_if(visit, session), box_idle(value=message), refusal(error), gr.skip()
             return
+        except BaseException:  # cancelled while it was prepared: the place back now
+            held.close()
+            raise
         session.editing = None
         keep = partial(self.kept, visit, session, key, system)
         gone = partial(let_go, visit, session, turn)
@@ -176,7 +179,10 @@ class ChatView:
             return
         session.editing = None
         turn = session.turns[-1]
+        held = contextlib.ExitStack()  # the visitor's allowance, while the answer runs
         try:
+            if visit is not None:
+                held.enter_context(self.playground.allowance.held(visit))
             card = self.playground.servable(key)
             sampling = self.playground.sampling(card, *controls)
             check_media(card, [str(path) for path in turn.files])
@@ -187,12 +193,19 @@ class ChatView:
             again = turn.again()
             session.branch(len(session.turns) - 1, again)
         except Exception as error:
+            held.close()
             yield shown_if(visit, session), gr.skip(), refusal(error), gr.skip()
             return
+        except BaseException:  # cancelled while it was prepared: the place back now
+            held.close()
+            raise
         keep = partial(self.kept, visit, session, key, system)
         gone = partial(let_go, visit, session, again)
-        async for update in self.answer(card, session, again, prompt, sampling, box_streaming(), keep, gone):
-            yield update
+        with held:
+            async for update in self.answer(
+                card, session, again, prompt, sampling, box_streaming(), keep, gone
+            ):
+                yield update
         if again.reply is not None and again.reply.state == "failed" and not gone():
             session.discard(again)  # the earlier answer shown again, rather than none
             yield conversation(session), gr.skip(), gr.skip(), gr.skip()

@@ -99,6 +99,9 @@ class CompareView:
                 gr.skip(),
             )
             return
+        except BaseException:  # cancelled while it was prepared: the place back now
+            held.close()
+            raise
         # What the run yields where another comparison was opened meanwhile: the one shown stays.
         left_alone = (*(gr.skip(),) * len(columns_view(None)), gr.skip(), box_idle(), *(gr.skip(),) * 3)
         if visit.compare is not session:  # another opened while the message was prepared: back to the box

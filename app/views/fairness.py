@@ -1,12 +1,14 @@
-"""How many answers one visitor may have running at once, so that one client cannot hold every
-slot of the server's queue while others wait (a hostile review: 80 open `/chat` calls from one
-script left every other visitor's events refused with "Queue is full").
+"""How many answers one client may have running at once, so that no client holds every slot of
+the server's queue while others wait (a hostile review: 80 open `/chat` calls from one script
+left every other visitor's events refused with "Queue is full").
 
-A visitor is who the server's cookie says (`app.views.identity`): a page, or a script that keeps
-the cookie it was given (`gradio_client` does). Clients that keep no cookie are a new visitor at
-every request, so they share one allowance between them: a script that drops its cookie competes
-with other such scripts, not with the visitors of the page. Past the allowance a send is refused
-at once, in one line, and its slot in the queue is free again.
+Two allowances, both checked: one per visitor (the server's cookie, or a tab where the browser
+keeps none), so that one browser cannot take what an office behind one address shares; and one
+per client address, since a cookie costs a script nothing (a fresh one at every call). The
+address is the connection's peer, or behind a trusted proxy the client it forwarded for
+(`app.views.identity`; on a Space, Hugging Face's proxy is trusted by default). Past either, a
+send is refused at once, in one line, and its slot in the queue is free again: the allowance
+per address must stay below the queue's answers per view (`APP_CONCURRENCY`) for that.
 """
 
 from __future__ import annotations
@@ -18,37 +20,39 @@ from contextlib import contextmanager
 from app.domain.conversation import ConversationError
 from app.domain.sessions import Visit
 
-# Whom the answers of every client that kept no cookie count against (`Visit.counted_as`).
-NO_COOKIE = ""
-
 
 class Allowance:
-    """Answers running per visitor (`per_visitor` each; clients without a cookie share one such
-    allowance). The page's event loop is its only user: no lock."""
+    """Answers running per visitor and per address. The page's event loop is its only user: no
+    lock."""
 
-    def __init__(self, per_visitor: int) -> None:
+    def __init__(self, per_visitor: int, per_address: int) -> None:
         self.per_visitor = per_visitor
+        self.per_address = per_address
         self.running: Counter[str] = Counter()
 
     @contextmanager
     def held(self, visit: Visit) -> Iterator[None]:
-        """One of `visit`'s answers while it runs; refuses (`ConversationError`) past the allowance."""
-        key = visit.counted_as
-        if self.running[key] >= self.per_visitor:
-            if key == NO_COOKIE:
-                raise ConversationError(
-                    f"{self.per_visitor} answers are running for clients that keep no cookie, the most at "
-                    "once: keep the cookie this server sets (gradio_client does), or try again shortly."
-                )
-            answers = "answer" if self.per_visitor == 1 else "answers"
+        """One of `visit`'s answers while it runs; refuses (`ConversationError`) past an allowance."""
+        keys = [f"visitor {visit.counted_as}", f"address {visit.address}"]
+        if self.running[keys[0]] >= self.per_visitor:
             raise ConversationError(
-                f"You have {self.per_visitor} {answers} running, the most at once: wait for one to end, "
+                f"You have {plural(self.per_visitor)} running, the most at once: wait for one to end, "
                 "or stop one."
             )
-        self.running[key] += 1
+        if self.running[keys[1]] >= self.per_address:
+            raise ConversationError(
+                f"{plural(self.per_address)} are running from your address, the most at once: wait for one "
+                "to end, or try again shortly."
+            )
+        self.running.update(keys)
         try:
             yield
         finally:
-            self.running[key] -= 1
-            if not self.running[key]:
-                del self.running[key]
+            self.running.subtract(keys)
+            for key in keys:
+                if not self.running[key]:
+                    del self.running[key]
+
+
+def plural(count: int) -> str:
+    return f"{count} answer" if count == 1 else f"{count} answers"

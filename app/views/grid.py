@@ -101,7 +101,9 @@ class GridView:
             yield RUNNING, gr.skip(), gr.skip(), *no_exports(), gr.skip()
             return
         work.running, work.stop_requested = True, False
+        held = contextlib.ExitStack()  # a run is one of the visitor's answers (`app.views.fairness`)
         try:
+            held.enter_context(self.playground.allowance.held(visit))
             cards = {key: self.playground.servable(key) for key in run.models}
             yield "", progress_bar(run), self.table(work), *no_exports(), gr.Button(interactive=True)
             manager, decoder = self.playground.manager, self.playground.decoder
@@ -124,6 +126,7 @@ class GridView:
             )
             return
         finally:
+            held.close()
             work.running = False
         notice = await self.save(visit, work)
         if work.stop_requested:

@@ -23,8 +23,6 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 COOKIE = "vlm_visitor"
-# Set on a request that came without a valid cookie (its visitor issued by this request).
-NEW_VISITOR_HEADER = b"x-vlm-new-visitor"
 MAX_AGE_S = 365 * 86400
 ID_LENGTH = 32  # hex characters, as the history's browser ids
 
@@ -73,11 +71,20 @@ class TrustedProxies:
         return bool(self.networks)
 
 
+# The addresses only a host's own network uses (a Space's proxy comes from one of these).
+PRIVATE_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")
+
+
 class Identity:
-    def __init__(self, key: bytes, trusted_proxies: Collection[str] = (), secure: bool = False) -> None:
+    def __init__(
+        self, key: bytes, trusted_proxies: Collection[str] = (), secure: bool = False, framed: bool = False
+    ) -> None:
+        """`secure`: served over https. `framed`: shown inside another site's page (a Space's
+        frame on huggingface.co), where the cookie must go cross-site."""
         self.key = key
         self.trusted_proxies = TrustedProxies(trusted_proxies)
         self.secure = secure
+        self.framed = framed and secure
 
     def sign(self, visitor: str) -> str:
         return f"{visitor}.{self._mac(visitor)}"
@@ -102,11 +109,6 @@ class Identity:
             return None
         return self.verify(morsel.value) if morsel is not None else None
 
-    @staticmethod
-    def came_back(headers: Any) -> bool:
-        """Whether the request came with a valid cookie of this server's (not one it was just given)."""
-        return headers is not None and headers.get(NEW_VISITOR_HEADER.decode()) is None
-
     def address(self, peer: str | None, forwarded_for: str | None) -> str:
         """The client's address: the peer's, or behind a trusted proxy the one it forwarded for."""
         address = peer or "unknown"
@@ -122,12 +124,19 @@ class Identity:
         return hmac.new(self.key, f"address:{address}".encode(), hashlib.sha256).hexdigest()[:32]
 
     def cookie_header(self, visitor: str) -> bytes:
-        """Over https, `SameSite=None`: a Space's page (huggingface.co) frames the app at another
-        site (hf.space), where a browser keeps no `Lax` cookie. Browsers take `None` only with
-        `Secure`, so plain http keeps `Lax`. The cookie is HttpOnly and signed either way."""
-        same_site = "None; Secure" if self.secure else "Lax"
+        """`SameSite=None` only where the page is framed by another site (a Space: huggingface.co
+        frames the app at hf.space, where a browser keeps no `Lax` cookie); there the page may be
+        framed by huggingface.co and itself only (`frame_ancestors`), so no other site can show it
+        with the visitor's cookie. Elsewhere `Lax`, `Secure` over https."""
+        same_site = "None" if self.framed else "Lax"
         attributes = f"Max-Age={MAX_AGE_S}; Path=/; HttpOnly; SameSite={same_site}"
+        attributes += "; Secure" if self.secure else ""
         return f"{COOKIE}={self.sign(visitor)}; {attributes}".encode("latin-1")
+
+    @property
+    def frame_ancestors(self) -> bytes | None:
+        """The Content-Security-Policy a framed page's responses carry (None: not framed)."""
+        return b"frame-ancestors 'self' https://huggingface.co" if self.framed else None
 
 
 class IdentityMiddleware:
@@ -142,28 +151,29 @@ class IdentityMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        # Only this middleware says a visitor is new (a client's own header of that name goes).
-        scope["headers"] = [(n, v) for n, v in scope["headers"] if n != NEW_VISITOR_HEADER]
         headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
-        if self.identity.visitor(headers) is not None:
+        added = []
+        if (policy := self.identity.frame_ancestors) is not None:
+            added.append((b"content-security-policy", policy))
+        if self.identity.visitor(headers) is None:
+            visitor = secrets.token_hex(ID_LENGTH // 2)
+            signed = f"{COOKIE}={self.identity.sign(visitor)}".encode("latin-1")
+            # Any forged or stale cookie of ours is replaced, for this request and the browser.
+            kept = [(n, v) for n, v in scope["headers"] if n != b"cookie"]
+            others = b"; ".join(
+                part.strip()
+                for part in headers.get("cookie", "").encode("latin-1").split(b";")
+                if part.strip() and not part.strip().startswith(f"{COOKIE}=".encode())
+            )
+            scope["headers"] = [*kept, (b"cookie", b"; ".join(p for p in (others, signed) if p))]
+            added.append((b"set-cookie", self.identity.cookie_header(visitor)))
+        if not added:
             await self.app(scope, receive, send)
             return
-        visitor = secrets.token_hex(ID_LENGTH // 2)
-        signed = f"{COOKIE}={self.identity.sign(visitor)}".encode("latin-1")
-        # Any forged or stale cookie of ours is replaced, for this request and the browser; the
-        # request is marked as a new visitor's (`came_back`).
-        kept = [(n, v) for n, v in scope["headers"] if n != b"cookie"] + [(NEW_VISITOR_HEADER, b"1")]
-        others = b"; ".join(
-            part.strip()
-            for part in headers.get("cookie", "").encode("latin-1").split(b";")
-            if part.strip() and not part.strip().startswith(f"{COOKIE}=".encode())
-        )
-        scope["headers"] = [*kept, (b"cookie", b"; ".join(p for p in (others, signed) if p))]
 
-        async def send_with_cookie(message: Message) -> None:
+        async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                cookie = (b"set-cookie", self.identity.cookie_header(visitor))
-                message = {**message, "headers": [*message.get("headers", []), cookie]}
+                message = {**message, "headers": [*message.get("headers", []), *added]}
             await send(message)
 
-        await self.app(scope, receive, send_with_cookie)
+        await self.app(scope, receive, send_with_headers)

@@ -110,7 +110,7 @@ class Page:
         elif not visit.browser_id or visit.account is not None:
             visit.browser_id, visit.account = secrets.token_hex(16), None
         # A tab's answers count against its visitor (a browser that keeps no cookie, as some do in
-        # a Space's frame, is a visitor per tab: not pooled with the scripts that drop theirs).
+        # a Space's frame, is a visitor per tab) and its address (`app.views.fairness`).
         visit.counted_as = visit.browser_id
         visit.address = self.playground.identity.address(peer, request.headers.get("x-forwarded-for"))
         ready = (gr.update(interactive=True) for _ in self.closed_until_session())

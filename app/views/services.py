@@ -39,7 +39,7 @@ from app.media.loading import VideoDecoderPool
 from app.storage.history import History
 from app.views.accounts import SignIn
 from app.views.fairness import Allowance
-from app.views.identity import Identity, signing_key
+from app.views.identity import PRIVATE_RANGES, Identity, signing_key
 from app.views.metrics import Visitors
 
 log = logging.getLogger(__name__)
@@ -94,13 +94,17 @@ class Playground:
         self.sessions = SessionStore(settings.reload_grace_s, settings.session_ttl_s)
         # Who a visitor is, as the server says (a signed cookie), and where they come from.
         # Its key is kept beside the history's media (the data folder), where there is one.
+        # On a Space, only Hugging Face's proxy reaches the container, from a private address
+        # (10.16.3.80 was seen), and its X-Forwarded-For names the visitor: believed by default.
+        on_space = bool(os.environ.get("SPACE_HOST"))
         self.identity = Identity(
             signing_key(history.media_dir.parent if history is not None else None),
-            settings.trusted_proxies,
-            secure=(settings.public_url or "").startswith("https://") or bool(os.environ.get("SPACE_HOST")),
+            settings.trusted_proxies or (PRIVATE_RANGES if on_space else ()),
+            secure=(settings.public_url or "").startswith("https://") or on_space,
+            framed=on_space,
         )
-        # Answers one visitor may have running at once (`APP_ANSWERS_PER_VISITOR`).
-        self.allowance = Allowance(settings.answers_per_visitor)
+        # Answers one visitor, and one address, may have running at once (`app.views.fairness`).
+        self.allowance = Allowance(settings.answers_per_visitor, settings.answers_per_address)
         # An operator's metrics (`APP_METRICS`): the manager tells them what it does.
         self.metrics: CollectorRegistry | None = None
         if settings.metrics:
