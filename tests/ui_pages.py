@@ -149,6 +149,9 @@ def serve(
         drain_timeout_s=30,
         queue_size=16,
         concurrency=8,
+        # Every page here is a visitor at 127.0.0.1, some with answers still running from the
+        # tests before (`app.views.fairness` is tested in test_api_sessions and test_strangers).
+        answers_per_address=1000,
         max_upload_bytes=UPLOAD_LIMIT,
         default_model=TINY_A,
         # Long enough for a reload, short enough for a test to see a closed tab's files go.

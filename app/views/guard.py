@@ -9,8 +9,8 @@ Gradio serves more than the page needs, and says more than users should see. In 
 - Uploads, and every other API request, are taken from this page's origin (its public URL when
   one is set, as behind a proxy that rewrites `Host`; else the host it is asked at), or from
   clients that send no `Origin`, such as `gradio_client`; never from another site's page
-  (Gradio's CORS answers any site on a public host, credentials allowed, and the visitor's
-  cookie goes cross-site over https so that a Space's frame keeps it).
+  (Gradio's CORS answers any site on a public host, credentials allowed, and on a Space the
+  visitor's cookie goes cross-site, so that the Space's frame on huggingface.co keeps it).
 - The `Host` header is checked against the addresses the page is served at, and forwarded-host
   headers are dropped, so the page's `/config` never tells a visitor an address it made up.
 - Server paths never leave the server: Gradio's upload folder is `@uploads/` on the wire and
