@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.domain.compare import Column, Comparison, export_name, to_json, to_markdown
 from app.engines.base import SamplingSettings
@@ -85,3 +90,46 @@ def test_stopping_a_comparison_marks_the_columns_that_had_not_ended_as_stopped()
     comparison = asyncio.run(stop_while_loading())
     assert [column.state for column in comparison.columns] == ["stopped", "stopped"]
     assert json.loads(to_json(comparison))["columns"][0]["state"] == "stopped"
+
+
+@functools.cache
+def four_cards() -> list[Any]:
+    from app.catalog.cards import load_cards
+
+    return list(load_cards().values())[:4]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 0.005, 0.02]), min_size=2, max_size=4))
+def test_the_columns_requests_reach_the_scheduler_in_column_order_whichever_is_prepared_first(delays):
+    """Models that do not fit together answer in turn, first column first: each request must join
+    the scheduler's line in column order. A conversation is prepared in a thread (its prompt
+    counted), so a later column's could be ready first; under load the second column answered
+    first, and a test holding the first column's answer waited on it for ever."""
+    import asyncio
+    import time
+
+    from app.domain.compare import run
+    from app.engines.base import StreamEnd
+
+    cards = four_cards()[: len(delays)]
+    arrived: list[str] = []
+
+    class InLine:
+        """The manager's `stream`, noting the order in which requests join its line."""
+
+        async def stream(self, key, messages, sampling):
+            arrived.append(key)
+            yield StreamEnd(prompt_tokens=1, completion_tokens=0, finish_reason="stop")
+
+    async def messages_for(card):
+        await asyncio.to_thread(time.sleep, delays[cards.index(card)])
+        return []
+
+    async def compare() -> None:
+        comparison = Comparison("hi", [], "", SamplingSettings())
+        async for _ in run(InLine(), comparison, cards, messages_for, refresh_s=0.01):
+            pass
+
+    asyncio.run(compare())
+    assert arrived == [card.key for card in cards]

@@ -55,19 +55,24 @@ async def run(
     columns = {column.key: column for column in comparison.columns}
     changed = asyncio.Event()
 
-    async def answer(card: ModelCard) -> None:
+    async def answer(card: ModelCard, messages: Any) -> None:
         column = columns[card.key]
         try:
-            messages = await messages_for(card)
+            if isinstance(messages, BaseException):
+                raise messages
             async for _ in stream_reply(manager, card, messages, comparison.sampling, column, clock):
                 changed.set()
         except Exception as error:
             column.state, column.error = "failed", user_message(error)
         changed.set()
 
+    # Every conversation is made before any request goes: a prompt is counted in a thread, so a
+    # later column's could be ready first and join the scheduler's line first (under load the
+    # second column answered first, and the first waited behind it).
+    prepared = await asyncio.gather(*(messages_for(card) for card in cards), return_exceptions=True)
     tasks = []
-    for card in cards:
-        tasks.append(asyncio.create_task(answer(card)))
+    for card, messages in zip(cards, prepared, strict=True):
+        tasks.append(asyncio.create_task(answer(card, messages)))
         # Each request joins the scheduler's line before the next: columns keep their order.
         await asyncio.sleep(0)
     try:
