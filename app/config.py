@@ -490,6 +490,28 @@ class Settings(BaseSettings):
             group="web",
         ),
     ] = 8
+    # Every request that starts work (a POST: a send, an upload, an API call, an open tab's
+    # model-state check each second) from one address draws on a bucket of
+    # `request_burst_per_address`, refilled at this rate (about 20 open tabs): a script sending
+    # faster than the server refuses filled the waiting queue for everyone (`app.views.doorway`).
+    requests_per_address_per_minute: Annotated[
+        Count,
+        Doc(
+            "requests (sends, uploads, API calls) one client address may start a minute, past its burst",
+            COUNT,
+            metavar="N",
+            group="web",
+        ),
+    ] = 1200
+    request_burst_per_address: Annotated[
+        Count,
+        Doc(
+            "requests one client address may start at once (keep it below APP_QUEUE_SIZE)",
+            COUNT,
+            metavar="N",
+            group="web",
+        ),
+    ] = 32
     # A closed tab's files are deleted after this; a reload within it finds its conversation.
     reload_grace_s: Annotated[
         Seconds,
@@ -719,6 +741,15 @@ class Settings(BaseSettings):
             )
         if self.arena_signed_in_only and self.sign_in == "off":
             raise ValueError("APP_ARENA_SIGNED_IN_ONLY needs a way to sign in: set APP_SIGN_IN")
+        return self
+
+    @model_validator(mode="after")
+    def _one_address_cannot_fill_the_queue(self) -> Settings:
+        if self.request_burst_per_address >= self.queue_size:
+            raise ValueError(
+                f"APP_REQUEST_BURST_PER_ADDRESS ({self.request_burst_per_address}) must be below "
+                f"APP_QUEUE_SIZE ({self.queue_size}): one address could fill the queue for everyone"
+            )
         return self
 
     def history_folder(self) -> Path:

@@ -111,3 +111,67 @@ def test_one_client_holds_only_its_own_allowance_of_answers_whatever_cookies_it_
         demo.close()
         decoder.close()
     asyncio.run(manager.close())
+
+
+def test_a_flood_of_requests_from_one_address_leaves_the_queue_to_everyone_else(tmp_path: Path):
+    """A script sending requests faster than the server refuses them (each a `/chat` call past
+    its allowance, refused at once, but only once its event's turn in the queue comes) filled
+    Gradio's waiting queue: other visitors' calls were refused ("Queue is full", 503). One
+    address may start at most `APP_REQUEST_BURST_PER_ADDRESS` requests at once (POSTs: sends,
+    uploads, API calls), and then `APP_REQUESTS_PER_ADDRESS_PER_MINUTE`; past that, refused at the
+    door in one line (429), before Gradio. The addresses are told apart as behind a trusted proxy."""
+    settings = Settings(
+        gpu_count=0,
+        port=free_port(),
+        queue_size=8,
+        concurrency=1,
+        trusted_proxies=("127.0.0.1",),
+        request_burst_per_address=4,
+        requests_per_address_per_minute=120,
+    )
+    decoder = VideoDecoderPool(workers=1)
+    manager = EngineManager(load_cards(), settings, VllmEngineFactory(settings))
+    playground = Playground(manager, settings, decoder, None)
+    demo = launch(build(playground), settings, block=False, quiet=True)
+    url = f"http://127.0.0.1:{settings.port}/"
+    body = {"data": [{"text": "hi", "files": []}, "no-such-model", "", None, None, 8, 0]}
+    flooder, visitor = {"x-forwarded-for": "203.0.113.7"}, {"x-forwarded-for": "198.51.100.2"}
+
+    async def flood(seconds: float) -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=40)
+        async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits, headers=flooder) as http:
+            deadline = time.monotonic() + seconds
+            sent: list[httpx.Response] = []
+
+            async def sender() -> None:
+                while time.monotonic() < deadline:
+                    sent.append(await http.post("gradio_api/call/chat", json=body))
+
+            await asyncio.gather(*(sender() for _ in range(40)))
+            return sent
+
+    async def honest(calls: int) -> list[int]:
+        async with httpx.AsyncClient(base_url=url, timeout=60, headers=visitor) as http:
+            statuses = []
+            for _ in range(calls):
+                await asyncio.sleep(0.5)  # within its own rate
+                statuses.append((await http.post("gradio_api/call/chat", json=body)).status_code)
+            return statuses
+
+    async def both() -> tuple[list[httpx.Response], list[int]]:
+        return await asyncio.gather(flood(3.0), honest(6))
+
+    try:
+        sent, statuses = asyncio.run(both())
+        assert statuses == [200] * 6, statuses  # every one of the other visitor's calls queued
+        taken = [response for response in sent if response.status_code == 200]
+        refused = [response for response in sent if response.status_code == 429]
+        # The burst, and two requests a second after it (3 s, with a second's slack).
+        assert len(taken) <= 4 + 2 * 4, (len(taken), len(sent))
+        assert len(taken) + len(refused) == len(sent), {response.status_code for response in sent}
+        line = refused[0].json()["error"]
+        assert "Too many requests from your address" in line and "\n" not in line, line
+    finally:
+        demo.close()
+        decoder.close()
+    asyncio.run(manager.close())

@@ -152,6 +152,7 @@ def serve(
         # Every page here is a visitor at 127.0.0.1, some with answers still running from the
         # tests before (`app.views.fairness` is tested in test_api_sessions and test_strangers).
         answers_per_address=1000,
+        requests_per_address_per_minute=1_000_000,
         max_upload_bytes=UPLOAD_LIMIT,
         default_model=TINY_A,
         # Long enough for a reload, short enough for a test to see a closed tab's files go.

@@ -281,9 +281,11 @@ def origin_of(url: str) -> str:
     return f"{parts.scheme}://{(parts.hostname or '').lower()}:{port}"
 
 
-async def refuse(send: Send, status: int, line: str) -> None:
+async def refuse(send: Send, status: int, line: str, retry_after_s: int | None = None) -> None:
     body = json.dumps({"error": line}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if retry_after_s is not None:
+        headers.append((b"retry-after", str(retry_after_s).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

@@ -18,6 +18,7 @@ from app.views.api import CHAT_API, ChatApi
 from app.views.arena import ArenaView
 from app.views.chat import PRIVATE, ChatView
 from app.views.compare import CompareView
+from app.views.doorway import Doorway
 from app.views.grid import GridView
 from app.views.guard import Guard, allowed_hosts
 from app.views.history import HistoryView
@@ -252,7 +253,14 @@ def launch(demo: gr.Blocks, settings: Settings, block: bool = True, quiet: bool 
         if settings.users_file and settings.sign_in == "password"
         else None
     )
-    middleware = [guard, identity]
+    # The door first: a request refused for its address's rate costs nothing else.
+    doorway = Middleware(
+        Doorway,
+        identity=playground_identity(demo),
+        per_minute=settings.requests_per_address_per_minute,
+        burst=settings.request_burst_per_address,
+    )
+    middleware = [doorway, guard, identity]
     if (registry := getattr(demo, "vlm_metrics", None)) is not None:
         middleware.append(Middleware(MetricsEndpoint, registry=registry))
     demo.launch(

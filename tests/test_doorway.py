@@ -1,0 +1,140 @@
+"""The door (`app.views.doorway`): how fast one client address may start work. The rate's rule
+by hypothesis over random traffic, the middleware in front of a real ASGI app, the setting's
+check at start. A flood on the real server: `test_api_sessions.py`."""
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+from starlette.testclient import TestClient
+
+from app.config import Settings
+from app.views import doorway
+from app.views.doorway import REFUSED, Doorway, RequestRate
+from app.views.identity import Identity
+
+PROXY = "10.9.9.9"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# Requests as (seconds since the one before, which of four addresses).
+traffic = st.lists(st.tuples(st.floats(0, 3, allow_nan=False), st.integers(0, 3)), max_size=300)
+
+
+@given(traffic, st.integers(1, 20), st.integers(1, 600))
+def test_no_address_starts_more_than_its_burst_and_rate_in_any_stretch_of_time(
+    requests: list[tuple[float, int]], burst: int, per_minute: int
+):
+    clock = Clock()
+    rate = RequestRate(per_minute, burst, clock)
+    taken: dict[int, list[float]] = {}
+    for gap, address in requests:
+        clock.now += gap
+        if rate.take(f"198.51.100.{address}"):
+            taken.setdefault(address, []).append(clock.now)
+    for times in taken.values():
+        for first in range(len(times)):
+            for last in range(first, len(times)):
+                stretch = times[last] - times[first]
+                assert last - first + 1 <= burst + stretch * per_minute / 60 + 1e-6
+
+
+@given(traffic, st.integers(1, 20), st.integers(1, 600))
+def test_a_client_within_its_rate_is_never_refused_whatever_others_send(
+    flood: list[tuple[float, int]], burst: int, per_minute: int
+):
+    """An address sending one request each 1/rate seconds (after its burst) always gets in, while
+    the other addresses send anything at all."""
+    clock = Clock()
+    rate = RequestRate(per_minute, burst, clock)
+    every = 60 / per_minute
+    next_own = clock.now
+    for gap, address in flood:
+        clock.now += gap
+        while next_own <= clock.now:
+            saved, clock.now = clock.now, next_own
+            assert rate.take("203.0.113.1"), clock.now
+            clock.now, next_own = saved, next_own + every
+        rate.take(f"198.51.100.{address}")
+
+
+def test_the_buckets_kept_are_bounded_and_a_flooding_address_never_gets_a_fresh_one(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Many addresses at once (a flood from many, or a made-up one per request behind a trusted
+    proxy) keep at most `KEPT_BUCKETS`; the one flooding all along stays counted."""
+    monkeypatch.setattr(doorway, "KEPT_BUCKETS", 50)
+    clock = Clock()
+    rate = RequestRate(per_minute=60, burst=3, clock=clock)
+    taken = 0
+    for number in range(2000):
+        clock.now += 0.01
+        rate.take(f"198.51.100.{number % 250}.{number}")
+        taken += rate.take("203.0.113.1")
+        assert len(rate.buckets) <= 50
+    assert taken <= 3 + 20  # the burst and one a second over 20 s
+
+
+def test_an_ipv6_client_is_counted_by_its_network():
+    assert doorway.client_key("2001:db8:1:2:aaaa::1") == doorway.client_key("2001:db8:1:2:bbbb::9")
+    assert doorway.client_key("2001:db8:1:3::1") != doorway.client_key("2001:db8:1:2::1")
+    assert doorway.client_key("::ffff:192.0.2.7") == "192.0.2.7" == doorway.client_key("192.0.2.7")
+    assert doorway.client_key("unknown") == "unknown"
+
+
+async def ok(_: Request) -> PlainTextResponse:
+    return PlainTextResponse("taken")
+
+
+def client(peer: str, per_minute: int = 60, burst: int = 2) -> TestClient:
+    identity = Identity(secrets.token_bytes(32), trusted_proxies=(PROXY,))
+    routes = [Route("/{rest:path}", ok, methods=["GET", "POST"])]
+    door = Middleware(Doorway, identity=identity, per_minute=per_minute, burst=burst)
+    return TestClient(Starlette(routes=routes, middleware=[door]), client=(peer, 50000))
+
+
+def test_past_its_burst_an_address_is_refused_in_one_line_with_when_to_try_again():
+    http = client("203.0.113.1")
+    assert [http.post("/gradio_api/queue/join").status_code for _ in range(2)] == [200, 200]
+    refused = http.post("/gradio_api/queue/join")
+    assert refused.status_code == 429
+    assert refused.json() == {"error": REFUSED} and "\n" not in REFUSED
+    assert refused.headers["retry-after"] == "1"  # a request a second
+    # Reading (the page, its files, the queue's stream) starts no work and is not counted.
+    assert all(http.get("/gradio_api/queue/data").status_code == 200 for _ in range(10))
+
+
+def test_a_forwarded_for_header_names_the_client_only_from_a_trusted_proxy():
+    script = client("203.0.113.1")
+    for number in range(2):
+        assert script.post("/x", headers={"x-forwarded-for": f"198.51.100.{number}"}).status_code == 200
+    # A made-up header from a client that is not the proxy gives it no fresh bucket.
+    assert script.post("/x", headers={"x-forwarded-for": "198.51.100.9"}).status_code == 429
+    proxy = client(PROXY)
+    for number in range(3):  # behind the proxy, each visitor has a bucket of their own
+        assert proxy.post("/x", headers={"x-forwarded-for": f"198.51.100.{number}"}).status_code == 200
+        assert proxy.post("/x", headers={"x-forwarded-for": f"198.51.100.{number}"}).status_code == 200
+    assert proxy.post("/x", headers={"x-forwarded-for": "198.51.100.0"}).status_code == 429
+
+
+def test_a_burst_that_could_fill_the_queue_is_refused_at_start():
+    with pytest.raises(
+        ValueError, match=r"APP_REQUEST_BURST_PER_ADDRESS \(64\) must be below APP_QUEUE_SIZE"
+    ):
+        Settings(request_burst_per_address=64)
+    assert Settings(request_burst_per_address=63).request_burst_per_address == 63
