@@ -492,8 +492,9 @@ class Settings(BaseSettings):
     ] = 8
     # Every request that starts work (a POST: a send, an upload, an API call, an open tab's
     # model-state check each second) from one address draws on a bucket of
-    # `request_burst_per_address`, refilled at this rate (about 20 open tabs): a script sending
-    # faster than the server refuses filled the waiting queue for everyone (`app.views.doorway`).
+    # `request_burst_per_address`, refilled at this rate (about 20 open tabs), so that a script
+    # cannot keep the server busy refusing it (`app.views.doorway`; an address's places in the
+    # queue are bounded there too, by a quarter of the queue).
     requests_per_address_per_minute: Annotated[
         Count,
         Doc(
@@ -506,12 +507,25 @@ class Settings(BaseSettings):
     request_burst_per_address: Annotated[
         Count,
         Doc(
-            "requests one client address may start at once (keep it below APP_QUEUE_SIZE)",
+            "requests one client address may start at once, before its rate applies",
             COUNT,
             metavar="N",
             group="web",
         ),
-    ] = 32
+    ] = 120
+    # Where the queue does not move (every answering slot busy), a rate alone lets a slow script
+    # fill it: one address's requests waiting in it are bounded too (`app.views.doorway`).
+    waiting_per_address: Annotated[
+        Count | None,
+        BeforeValidator(_blank_is_none),
+        Doc(
+            "requests one client address may have waiting in the queue",
+            COUNT,
+            default="a quarter of APP_QUEUE_SIZE",
+            metavar="N",
+            group="web",
+        ),
+    ] = None
     # A closed tab's files are deleted after this; a reload within it finds its conversation.
     reload_grace_s: Annotated[
         Seconds,
@@ -741,15 +755,6 @@ class Settings(BaseSettings):
             )
         if self.arena_signed_in_only and self.sign_in == "off":
             raise ValueError("APP_ARENA_SIGNED_IN_ONLY needs a way to sign in: set APP_SIGN_IN")
-        return self
-
-    @model_validator(mode="after")
-    def _one_address_cannot_fill_the_queue(self) -> Settings:
-        if self.request_burst_per_address >= self.queue_size:
-            raise ValueError(
-                f"APP_REQUEST_BURST_PER_ADDRESS ({self.request_burst_per_address}) must be below "
-                f"APP_QUEUE_SIZE ({self.queue_size}): one address could fill the queue for everyone"
-            )
         return self
 
     def history_folder(self) -> Path:

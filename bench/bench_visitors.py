@@ -9,8 +9,8 @@ The app runs as `python -m app` in a subprocess on a free port, with its own dat
 temporary folder, the default CPU catalog (the two seeing demo models and two random-weight twins)
 and its public defaults, but for the arena's vote limits: every visitor here comes from
 127.0.0.1, so they are raised (`APP_ARENA_VOTES_PER_HOUR`, `..._PER_ADDRESS_PER_HOUR`), and so is
-the answers one address may have running (`APP_ANSWERS_PER_ADDRESS`) and the requests it may
-start a minute (`APP_REQUESTS_PER_ADDRESS_PER_MINUTE`).
+the answers one address may have running (`APP_ANSWERS_PER_ADDRESS`), the requests it may
+start a minute (`APP_REQUESTS_PER_ADDRESS_PER_MINUTE`) and have waiting (`APP_WAITING_PER_ADDRESS`).
 `--browsers` of the visitors drive a page each (one Chromium, a context per visitor: its own
 signed cookie); the others call `/chat` (and `/leaderboard`) over HTTP with server-sent events,
 as `gradio_client` does. Each visitor loops through actions with a random think time between
@@ -116,6 +116,7 @@ class Server:
             "APP_ARENA_VOTES_PER_ADDRESS_PER_HOUR": "100000",
             "APP_ANSWERS_PER_ADDRESS": "1000",  # every visitor here is 127.0.0.1
             "APP_REQUESTS_PER_ADDRESS_PER_MINUTE": "1000000",
+            "APP_WAITING_PER_ADDRESS": "1000",
             "PYTHONUNBUFFERED": "1",
         }
         self.log = self.log_path.open("w")

@@ -6,6 +6,7 @@ come, so the server grew by that much a call under API load (`bench/bench_visito
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -13,14 +14,16 @@ from typing import Any
 import httpx
 from ports import free_port
 
-from app.catalog.cards import load_cards
+from app.catalog.cards import load_cards, servable_cards
 from app.config import Settings
 from app.domain.sessions import Visit
+from app.engines.base import Capacity, EngineError
 from app.engines.manager import EngineManager
 from app.engines.vllm_engine import VllmEngineFactory
 from app.media.loading import VideoDecoderPool
 from app.storage.history import History, sqlite_url
 from app.views import Playground, build, launch
+from app.views.doorway import TOO_MANY_WAITING
 from app.views.page import PAGE_SESSIONS
 
 
@@ -175,3 +178,72 @@ def test_a_flood_of_requests_from_one_address_leaves_the_queue_to_everyone_else(
         demo.close()
         decoder.close()
     asyncio.run(manager.close())
+
+
+class StalledFactory:
+    """Engines whose build does not end until `released` (a model loading for minutes on a busy
+    GPU box; a simulation, no engine): the answer calling for one holds its slot meanwhile."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+
+    def capacity(self) -> Capacity:
+        return Capacity((2**40,), host_budget=0)
+
+    def memory_need(self, card: Any) -> None:
+        return None
+
+    async def build(self, card: Any, report: Any, devices: tuple[int, ...]) -> Any:
+        report("starting the engine (stalled)")
+        while not self.released.is_set():
+            await asyncio.sleep(0.05)
+        raise EngineError(f"{card.display_name} could not be loaded: the test let it go")
+
+
+def test_one_address_cannot_fill_a_queue_that_does_not_move_however_slowly_it_sends(tmp_path: Path):
+    """The rate alone did not hold where the queue stops moving (every answering slot busy, here
+    one slot held by a model that is still loading): a script well within its rate filled the
+    queue, and another visitor's call was refused ("Queue is full"). An address holds at most a
+    quarter of the queue's places; past them, refused at the door in one line."""
+    # A GPU box's catalog (the factory builds nothing).
+    settings = Settings(
+        gpu_count=1, port=free_port(), queue_size=8, concurrency=1, trusted_proxies=("127.0.0.1",)
+    )
+    factory = StalledFactory()
+    cards = load_cards()
+    manager = EngineManager(cards, settings, factory)
+    decoder = VideoDecoderPool(workers=1)
+    playground = Playground(manager, settings, decoder, None)
+    demo = launch(build(playground), settings, block=False, quiet=True)
+    model = next(iter(servable_cards(cards, gpu_count=1, allow_remote_code=False)))
+
+    def post(http: httpx.Client, address: str) -> httpx.Response:
+        body = {"data": [{"text": "hi", "files": []}, model, "", None, None, 8, 0]}
+        return http.post("gradio_api/call/chat", json=body, headers={"x-forwarded-for": address})
+
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{settings.port}/", timeout=60) as http:
+            holding = post(http, "192.0.2.1")
+            assert holding.status_code == 200
+            poll(lambda: demo._queue.event_queue_per_concurrency_id and not len(demo._queue), 10)
+            flood = []
+            for _ in range(10):  # one a second would do as well: nothing leaves the queue
+                flood.append(post(http, "203.0.113.7"))
+            assert post(http, "198.51.100.2").status_code == 200  # the other visitor waits their turn
+            assert [r.status_code for r in flood] == [200, 200] + [429] * 8, [r.text for r in flood]
+            assert flood[-1].json()["error"] == TOO_MANY_WAITING
+            factory.released.set()
+            with http.stream("GET", f"gradio_api/call/chat/{holding.json()['event_id']}") as stream:
+                assert "could not be loaded" in "".join(stream.iter_lines())
+    finally:
+        factory.released.set()
+        demo.close()
+        decoder.close()
+    asyncio.run(manager.close())
+
+
+def poll(condition: Any, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "not true in time"
+        time.sleep(0.05)

@@ -16,10 +16,9 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from app.config import Settings
 from app.views import doorway
-from app.views.doorway import REFUSED, Doorway, RequestRate
-from app.views.identity import Identity
+from app.views.doorway import TOO_FAST, TOO_MANY_WAITING, Doorway, RequestRate, most_waiting
+from app.views.identity import Identity, client_key, forwarded_for
 
 PROXY = "10.9.9.9"
 
@@ -90,21 +89,38 @@ def test_the_buckets_kept_are_bounded_and_a_flooding_address_never_gets_a_fresh_
     assert taken <= 3 + 20  # the burst and one a second over 20 s
 
 
-def test_an_ipv6_client_is_counted_by_its_network():
-    assert doorway.client_key("2001:db8:1:2:aaaa::1") == doorway.client_key("2001:db8:1:2:bbbb::9")
-    assert doorway.client_key("2001:db8:1:3::1") != doorway.client_key("2001:db8:1:2::1")
-    assert doorway.client_key("::ffff:192.0.2.7") == "192.0.2.7" == doorway.client_key("192.0.2.7")
-    assert doorway.client_key("unknown") == "unknown"
+def test_an_ipv6_client_is_counted_by_its_network_and_a_written_port_is_not_a_client():
+    assert client_key("2001:db8:1:2:aaaa::1") == client_key("2001:db8:1:2:bbbb::9") == "2001:db8:1:2::/64"
+    assert client_key("2001:db8:1:3::1") != client_key("2001:db8:1:2::1")
+    assert client_key("::ffff:192.0.2.7") == "192.0.2.7" == client_key("192.0.2.7")
+    # Some proxies write the client's port: one client, whatever port it came from.
+    assert client_key("192.0.2.7:5678") == "192.0.2.7" == client_key("192.0.2.7:5679")
+    assert client_key("[2001:db8:1:2::1]:443") == "2001:db8:1:2::/64"
+    assert client_key("unknown") == "unknown"
+    assert (
+        forwarded_for(["198.51.100.1", " ", "203.0.113.5, 10.9.9.9"]) == "198.51.100.1, 203.0.113.5, 10.9.9.9"
+    )
+    assert forwarded_for([]) is None
 
 
 async def ok(_: Request) -> PlainTextResponse:
     return PlainTextResponse("taken")
 
 
-def client(peer: str, per_minute: int = 60, burst: int = 2) -> TestClient:
+WAITING: list[tuple[str | None, list[str]]] = []  # the clients of the requests "in the queue"
+
+
+def client(peer: str, per_minute: int = 60, burst: int = 2, most: int = 100) -> TestClient:
     identity = Identity(secrets.token_bytes(32), trusted_proxies=(PROXY,))
     routes = [Route("/{rest:path}", ok, methods=["GET", "POST"])]
-    door = Middleware(Doorway, identity=identity, per_minute=per_minute, burst=burst)
+    door = Middleware(
+        Doorway,
+        identity=identity,
+        per_minute=per_minute,
+        burst=burst,
+        waiting=lambda: WAITING,
+        most_waiting=most,
+    )
     return TestClient(Starlette(routes=routes, middleware=[door]), client=(peer, 50000))
 
 
@@ -113,10 +129,37 @@ def test_past_its_burst_an_address_is_refused_in_one_line_with_when_to_try_again
     assert [http.post("/gradio_api/queue/join").status_code for _ in range(2)] == [200, 200]
     refused = http.post("/gradio_api/queue/join")
     assert refused.status_code == 429
-    assert refused.json() == {"error": REFUSED} and "\n" not in REFUSED
+    assert refused.json() == {"error": TOO_FAST} and "\n" not in TOO_FAST
     assert refused.headers["retry-after"] == "1"  # a request a second
     # Reading (the page, its files, the queue's stream) starts no work and is not counted.
     assert all(http.get("/gradio_api/queue/data").status_code == 200 for _ in range(10))
+
+
+def test_an_address_holds_at_most_its_share_of_the_queues_places_however_slowly_it_sends():
+    """Within its rate, a client still filled a queue that did not move (every answering slot
+    busy): its requests waiting count, as the queue holds them, whichever way they came."""
+    WAITING[:] = [
+        ("203.0.113.1", []),
+        (PROXY, ["203.0.113.1"]),  # the same client, through the proxy
+        (PROXY, ["198.51.100.1"]),
+        ("198.51.100.2", ["203.0.113.1"]),  # not through the proxy: the peer's
+    ]
+    try:
+        script = client("203.0.113.1", per_minute=6000, burst=100, most=3)
+        assert script.post("/x").status_code == 200  # two of its three places taken
+        WAITING.append(("203.0.113.1", []))
+        refused = script.post("/x")
+        assert refused.status_code == 429 and refused.json() == {"error": TOO_MANY_WAITING}
+        assert client(PROXY, most=3).post("/x", headers={"x-forwarded-for": "203.0.113.1"}).status_code == 429
+        assert (
+            client(PROXY, most=3).post("/x", headers={"x-forwarded-for": "198.51.100.1"}).status_code == 200
+        )
+        assert client("198.51.100.2", most=3).post("/x").status_code == 200
+        WAITING[:] = []  # its requests answered: it may send again
+        assert script.post("/x").status_code == 200
+    finally:
+        WAITING.clear()
+    assert most_waiting(64) == 16 and most_waiting(3) == 1
 
 
 def test_a_forwarded_for_header_names_the_client_only_from_a_trusted_proxy():
@@ -130,11 +173,6 @@ def test_a_forwarded_for_header_names_the_client_only_from_a_trusted_proxy():
         assert proxy.post("/x", headers={"x-forwarded-for": f"198.51.100.{number}"}).status_code == 200
         assert proxy.post("/x", headers={"x-forwarded-for": f"198.51.100.{number}"}).status_code == 200
     assert proxy.post("/x", headers={"x-forwarded-for": "198.51.100.0"}).status_code == 429
-
-
-def test_a_burst_that_could_fill_the_queue_is_refused_at_start():
-    with pytest.raises(
-        ValueError, match=r"APP_REQUEST_BURST_PER_ADDRESS \(64\) must be below APP_QUEUE_SIZE"
-    ):
-        Settings(request_burst_per_address=64)
-    assert Settings(request_burst_per_address=63).request_burst_per_address == 63
+    # A client's own line before the proxy's is not believed, whichever line comes first.
+    lines = [("x-forwarded-for", "198.51.100.77"), ("x-forwarded-for", "198.51.100.0")]
+    assert proxy.post("/x", headers=lines).status_code == 429

@@ -54,3 +54,16 @@ def test_no_visitor_nor_address_runs_past_its_allowance_and_every_end_gives_its_
     for _, held in running:
         held.close()
     assert not allowance.running
+
+
+@pytest.mark.parametrize(
+    ("per_address", "line"),
+    [(1, "1 answer is running from your address"), (3, "3 answers are running from your address")],
+)
+def test_the_addresss_refusal_says_how_many_in_plain_words(per_address: int, line: str):
+    allowance = Allowance(per_visitor=10, per_address=per_address)
+    with contextlib.ExitStack() as held:
+        for number in range(per_address):
+            held.enter_context(allowance.held(Visit(counted_as=f"v{number}", address="192.0.2.1")))
+        with pytest.raises(ConversationError, match=line):
+            held.enter_context(allowance.held(Visit(counted_as="another", address="192.0.2.1")))

@@ -80,6 +80,9 @@ def test_the_address_is_the_peers_unless_a_trusted_proxy_forwarded_it():
     assert IDENTITY.address("10.9.9.9", "1.2.3.4, 198.51.100.1") == "198.51.100.1"
     assert IDENTITY.address("10.9.9.9", "198.51.100.1, 10.9.9.9") == "198.51.100.1"
     assert IDENTITY.address_key("198.51.100.1") != "198.51.100.1"
+    # A proxy that writes the client's port: the client, not one per port.
+    assert IDENTITY.address("10.9.9.9", "198.51.100.1:5678") == "198.51.100.1"
+    assert IDENTITY.address("10.9.9.9", "[2001:db8::7]:443, 10.9.9.9:80") == "2001:db8::/64"
 
 
 def test_trusted_proxies_may_be_ranges():
@@ -88,7 +91,7 @@ def test_trusted_proxies_may_be_ranges():
     pool = Identity(secrets.token_bytes(32), trusted_proxies=("10.16.0.0/12", "fd00::/8", "192.0.2.7"))
     assert pool.address("10.20.30.40", "198.51.100.1") == "198.51.100.1"
     assert pool.address("10.20.30.40", "198.51.100.1, 10.31.0.1") == "198.51.100.1"
-    assert pool.address("fd00::1", "2001:db8::5") == "2001:db8::5"
+    assert pool.address("fd00::1", "2001:db8::5") == "2001:db8::/64"  # an IPv6 client: its /64
     assert pool.address("192.0.2.7", "198.51.100.1") == "198.51.100.1"
     assert pool.address("10.32.0.1", "198.51.100.1") == "10.32.0.1"  # outside the range
     assert pool.address("not an address", "198.51.100.1") == "not an address"

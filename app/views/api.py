@@ -10,6 +10,7 @@ import gradio as gr
 from app.domain.conversation import Session
 from app.domain.sessions import Visit
 from app.views.chat import ChatView
+from app.views.identity import forwarded_for
 from app.views.services import WARNING
 
 CHAT_API = "chat"
@@ -44,7 +45,7 @@ class ChatApi:
             counted_as=playground.identity.visitor(headers) or "",
             address=playground.identity.address(
                 getattr(request.client, "host", None) if request is not None else None,
-                headers.get("x-forwarded-for"),
+                forwarded_for(request.headers.getlist("x-forwarded-for")) if request is not None else None,
             ),
         )
         try:

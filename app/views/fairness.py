@@ -41,8 +41,8 @@ class Allowance:
             )
         if self.running[keys[1]] >= self.per_address:
             raise ConversationError(
-                f"{plural(self.per_address)} are running from your address, the most at once: wait for one "
-                "to end, or try again shortly."
+                f"{plural(self.per_address)} {'is' if self.per_address == 1 else 'are'} running from your "
+                "address, the most at once: wait for one to end, or try again shortly."
             )
         self.running.update(keys)
         try:

@@ -5,7 +5,8 @@ script cannot read or forge it, and a script that drops it is a new visitor with
 no votes behind it. The signing key lives in the data folder (so ids outlive a restart) or, where
 that cannot be written, in the process. The client's address is the connection's peer, or,
 behind a reverse proxy listed in APP_TRUSTED_PROXIES (addresses or ranges), the last address in
-X-Forwarded-For that is not one of those proxies: a visitor cannot pick it either.
+X-Forwarded-For that is not one of those proxies: a visitor cannot pick it either. An IPv6
+client counts by its /64 network (`client_key`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import hmac
 import ipaddress
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Collection, MutableMapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, MutableMapping
 from http.cookies import CookieError, SimpleCookie
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,39 @@ class TrustedProxies:
         return bool(self.networks)
 
 
+def forwarded_for(lines: Iterable[str]) -> str | None:
+    """A request's X-Forwarded-For lines as one list, in order: a proxy may add its entry as a
+    line of its own, and reading the first or the last line alone believed the client's."""
+    joined = ", ".join(line for line in lines if line.strip())
+    return joined or None
+
+
+def bare(address: str) -> str:
+    """An address as some proxies write it, with a port (`198.51.100.1:5678`, `[2001:db8::1]:443`),
+    without it."""
+    text = address.strip()
+    if text.startswith("[") and "]" in text:
+        return text[1 : text.index("]")]
+    if text.count(":") == 1:
+        return text.partition(":")[0]
+    return text
+
+
+def client_key(address: str) -> str:
+    """What counts as one client (answers running, votes, requests): an IPv4 address, or an IPv6
+    address's /64 network, which one client usually has whole (counted by single address, it
+    had billions of allowances). Anything not an address stays as it is."""
+    try:
+        parsed = ipaddress.ip_address(bare(address))
+    except ValueError:
+        return address
+    if isinstance(parsed, ipaddress.IPv6Address):
+        if parsed.ipv4_mapped is not None:
+            return str(parsed.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{parsed}/64", strict=False))
+    return str(parsed)
+
+
 # The addresses only a host's own network uses (a Space's proxy comes from one of these).
 PRIVATE_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")
 
@@ -110,14 +144,15 @@ class Identity:
         return self.verify(morsel.value) if morsel is not None else None
 
     def address(self, peer: str | None, forwarded_for: str | None) -> str:
-        """The client's address: the peer's, or behind a trusted proxy the one it forwarded for."""
+        """The client's address (`client_key`): the peer's, or behind a trusted proxy the one it
+        forwarded for (`forwarded_for` joins the header's lines)."""
         address = peer or "unknown"
         if address in self.trusted_proxies and forwarded_for:
-            for hop in reversed([part.strip() for part in forwarded_for.split(",") if part.strip()]):
+            for hop in reversed([bare(part) for part in forwarded_for.split(",") if part.strip()]):
                 address = hop
                 if hop not in self.trusted_proxies:
                     break
-        return address
+        return client_key(address)
 
     def address_key(self, address: str) -> str:
         """What the database keeps of an address: a keyed hash, never the address itself."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gradio as gr
@@ -18,11 +18,11 @@ from app.views.api import CHAT_API, ChatApi
 from app.views.arena import ArenaView
 from app.views.chat import PRIVATE, ChatView
 from app.views.compare import CompareView
-from app.views.doorway import Doorway
+from app.views.doorway import Doorway, most_waiting
 from app.views.grid import GridView
 from app.views.guard import Guard, allowed_hosts
 from app.views.history import HistoryView
-from app.views.identity import Identity, IdentityMiddleware
+from app.views.identity import Identity, IdentityMiddleware, forwarded_for
 from app.views.leaderboard import LEADERBOARD_API, LeaderboardView
 from app.views.metrics import MetricsEndpoint
 from app.views.services import Playground
@@ -113,7 +113,9 @@ class Page:
         # A tab's answers count against its visitor (a browser that keeps no cookie, as some do in
         # a Space's frame, is a visitor per tab) and its address (`app.views.fairness`).
         visit.counted_as = visit.browser_id
-        visit.address = self.playground.identity.address(peer, request.headers.get("x-forwarded-for"))
+        visit.address = self.playground.identity.address(
+            peer, forwarded_for(request.headers.getlist("x-forwarded-for"))
+        )
         ready = (gr.update(interactive=True) for _ in self.closed_until_session())
         return token, visit.browser_id, visit, self.signed_in(visit), *self.chat.resumed(visit), *ready
 
@@ -220,6 +222,18 @@ def queue_less_calls(demo: gr.Blocks) -> dict[int, Callable[[list[Any]], bool]]:
     return {index: accepts(fn.inputs) for index, fn in demo.fns.items() if not fn.queue and fn.fn}
 
 
+def waiting_clients(demo: gr.Blocks) -> Iterator[tuple[str | None, list[str]]]:
+    """The client of each request waiting in Gradio's queue (its peer and X-Forwarded-For lines),
+    for the door's count of an address's places (`Doorway`). Gradio keeps the queue's events by
+    concurrency group in `_queue` (6.31); where it does not, none are counted."""
+    groups = getattr(getattr(demo, "_queue", None), "event_queue_per_concurrency_id", {})
+    for group in list(groups.values()):
+        for event in list(group.queue):
+            request = getattr(event, "request", None)
+            if request is not None:
+                yield getattr(request.client, "host", None), request.headers.getlist("x-forwarded-for")
+
+
 # Gradio keeps each page load's session (a copy of the page's configuration, about 0.3 MB here,
 # and its `gr.State`) after the page is gone, until this many sessions have come, then drops the
 # least recently used. Its default, 10,000, is about 3 GB; a page in use is used every second
@@ -259,6 +273,8 @@ def launch(demo: gr.Blocks, settings: Settings, block: bool = True, quiet: bool 
         identity=playground_identity(demo),
         per_minute=settings.requests_per_address_per_minute,
         burst=settings.request_burst_per_address,
+        waiting=lambda: waiting_clients(demo),
+        most_waiting=settings.waiting_per_address or most_waiting(settings.queue_size),
     )
     middleware = [doorway, guard, identity]
     if (registry := getattr(demo, "vlm_metrics", None)) is not None:
