@@ -519,7 +519,8 @@ class Settings(BaseSettings):
         Count | None,
         BeforeValidator(_blank_is_none),
         Doc(
-            "requests one client address may have waiting in the queue",
+            "requests one client address may have waiting in a queue past half full (APP_QUEUE_SIZE or "
+            "more: no share)",
             COUNT,
             default="a quarter of APP_QUEUE_SIZE",
             metavar="N",

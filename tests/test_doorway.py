@@ -17,7 +17,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from app.views import doorway
-from app.views.doorway import TOO_FAST, TOO_MANY_WAITING, Doorway, RequestRate, most_waiting
+from app.views.doorway import TOO_FAST, TOO_MANY_WAITING, Doorway, RequestRate, admits, most_waiting
 from app.views.identity import Identity, client_key, forwarded_for
 
 PROXY = "10.9.9.9"
@@ -96,7 +96,7 @@ def test_an_ipv6_client_is_counted_by_its_network_and_a_written_port_is_not_a_cl
     # Some proxies write the client's port: one client, whatever port it came from.
     assert client_key("192.0.2.7:5678") == "192.0.2.7" == client_key("192.0.2.7:5679")
     assert client_key("[2001:db8:1:2::1]:443") == "2001:db8:1:2::/64"
-    assert client_key("unknown") == "unknown"
+    assert client_key("unknown") == "unknown" and client_key(":80") == "unknown" == client_key("[]")
     assert (
         forwarded_for(["198.51.100.1", " ", "203.0.113.5, 10.9.9.9"]) == "198.51.100.1, 203.0.113.5, 10.9.9.9"
     )
@@ -107,10 +107,11 @@ async def ok(_: Request) -> PlainTextResponse:
     return PlainTextResponse("taken")
 
 
-WAITING: list[tuple[str | None, list[str]]] = []  # the clients of the requests "in the queue"
+WAITING: list[str] = []  # the client keys of the requests "in the queue"
+JOIN = "/gradio_api/queue/join"
 
 
-def client(peer: str, per_minute: int = 60, burst: int = 2, most: int = 100) -> TestClient:
+def client(peer: str, per_minute: int = 60, burst: int = 2, most: int = 100, queue: int = 8) -> TestClient:
     identity = Identity(secrets.token_bytes(32), trusted_proxies=(PROXY,))
     routes = [Route("/{rest:path}", ok, methods=["GET", "POST"])]
     door = Middleware(
@@ -120,14 +121,15 @@ def client(peer: str, per_minute: int = 60, burst: int = 2, most: int = 100) -> 
         burst=burst,
         waiting=lambda: WAITING,
         most_waiting=most,
+        queue_size=queue,
     )
     return TestClient(Starlette(routes=routes, middleware=[door]), client=(peer, 50000))
 
 
 def test_past_its_burst_an_address_is_refused_in_one_line_with_when_to_try_again():
     http = client("203.0.113.1")
-    assert [http.post("/gradio_api/queue/join").status_code for _ in range(2)] == [200, 200]
-    refused = http.post("/gradio_api/queue/join")
+    assert [http.post(JOIN).status_code for _ in range(2)] == [200, 200]
+    refused = http.post(JOIN)
     assert refused.status_code == 429
     assert refused.json() == {"error": TOO_FAST} and "\n" not in TOO_FAST
     assert refused.headers["retry-after"] == "1"  # a request a second
@@ -135,31 +137,46 @@ def test_past_its_burst_an_address_is_refused_in_one_line_with_when_to_try_again
     assert all(http.get("/gradio_api/queue/data").status_code == 200 for _ in range(10))
 
 
-def test_an_address_holds_at_most_its_share_of_the_queues_places_however_slowly_it_sends():
+@given(st.integers(0, 70), st.integers(0, 70), st.integers(1, 64), st.integers(1, 20))
+def test_the_queue_keeps_room_for_others_as_it_fills(mine: int, others: int, queue: int, most: int):
+    taken = mine + others
+    admitted = admits(mine, taken, queue, most)
+    if taken < queue // 2:
+        assert admitted  # an empty queue takes a tab's held-back checks at once
+    if mine >= most and taken >= queue // 2:
+        assert not admitted  # past half, no address past its share
+    if taken >= queue * 3 // 4:
+        assert admitted == (mine == 0)  # past three quarters, only addresses with none waiting
+
+
+def test_an_address_holds_at_most_its_share_of_a_filling_queue_however_slowly_it_sends():
     """Within its rate, a client still filled a queue that did not move (every answering slot
-    busy): its requests waiting count, as the queue holds them, whichever way they came."""
-    WAITING[:] = [
-        ("203.0.113.1", []),
-        (PROXY, ["203.0.113.1"]),  # the same client, through the proxy
-        (PROXY, ["198.51.100.1"]),
-        ("198.51.100.2", ["203.0.113.1"]),  # not through the proxy: the peer's
-    ]
+    busy): its requests waiting count, as the door marked them, whichever way they came."""
+    WAITING[:] = ["203.0.113.1", "203.0.113.1", "198.51.100.1", "198.51.100.2"]  # half of 8
     try:
-        script = client("203.0.113.1", per_minute=6000, burst=100, most=3)
-        assert script.post("/x").status_code == 200  # two of its three places taken
-        WAITING.append(("203.0.113.1", []))
-        refused = script.post("/x")
+        script = client("203.0.113.1", per_minute=6000, burst=100, most=2)
+        refused = script.post(JOIN)
         assert refused.status_code == 429 and refused.json() == {"error": TOO_MANY_WAITING}
-        assert client(PROXY, most=3).post("/x", headers={"x-forwarded-for": "203.0.113.1"}).status_code == 429
+        through_proxy = client(PROXY, most=2).post(JOIN, headers={"x-forwarded-for": "203.0.113.1"})
+        assert through_proxy.status_code == 429  # the same client, through the proxy
         assert (
-            client(PROXY, most=3).post("/x", headers={"x-forwarded-for": "198.51.100.1"}).status_code == 200
+            client(PROXY, most=2).post(JOIN, headers={"x-forwarded-for": "198.51.100.1"}).status_code == 200
         )
-        assert client("198.51.100.2", most=3).post("/x").status_code == 200
-        WAITING[:] = []  # its requests answered: it may send again
-        assert script.post("/x").status_code == 200
+        assert script.post("/gradio_api/cancel").status_code == 200  # it may still stop its own
+        WAITING[:] = ["198.51.100.1"] * 6  # three quarters: only an address with none waiting
+        assert client("198.51.100.9", most=2).post(JOIN).status_code == 200
+        assert client("198.51.100.1", most=7).post(JOIN).status_code == 429  # below its share, yet
+        WAITING[:] = []  # answered: it may send again
+        assert script.post(JOIN).status_code == 200
     finally:
         WAITING.clear()
     assert most_waiting(64) == 16 and most_waiting(3) == 1
+    # A share of the whole queue: none (a test bench whose every page is one address).
+    WAITING[:] = ["203.0.113.1"] * 7
+    try:
+        assert client("203.0.113.1", most=8, queue=8).post(JOIN).status_code == 200
+    finally:
+        WAITING.clear()
 
 
 def test_a_forwarded_for_header_names_the_client_only_from_a_trusted_proxy():

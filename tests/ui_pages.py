@@ -153,7 +153,7 @@ def serve(
         # tests before (`app.views.fairness` is tested in test_api_sessions and test_strangers).
         answers_per_address=1000,
         requests_per_address_per_minute=1_000_000,
-        waiting_per_address=16,
+        waiting_per_address=16,  # the queue's size: no share (`app.views.doorway`)
         max_upload_bytes=UPLOAD_LIMIT,
         default_model=TINY_A,
         # Long enough for a reload, short enough for a test to see a closed tab's files go.

@@ -6,10 +6,11 @@ its event's turn in Gradio's queue comes: a script sending faster than that fill
 queue, and every other visitor's events were refused ("Queue is full"). Two limits hold it, on
 every request that starts work (a POST: a send, an upload, an API call, a sign-in, an open tab's
 model-state check):
-- **Waiting**: an address may have at most `APP_WAITING_PER_ADDRESS` requests (a quarter of the
-  queue, `APP_QUEUE_SIZE`, by default) waiting in it. This is what keeps the queue for the
-  others, also where it does not move (every answering slot busy, a model loading): a rate alone
-  let a script within it fill a stalled queue.
+- **Waiting** (requests joining the queue): past half a full queue an address may have at most
+  `APP_WAITING_PER_ADDRESS` requests (a quarter of `APP_QUEUE_SIZE` by default) waiting in it,
+  past three quarters none (`admits`). This is what keeps room in the queue for the others, also
+  where it does not move (every answering slot busy, a model loading): a rate alone let a script
+  within it fill a stalled queue. Many addresses at once still fill it, a place each.
 - **Rate**: a token bucket per address (`APP_REQUEST_BURST_PER_ADDRESS` at once, refilled at
   `APP_REQUESTS_PER_ADDRESS_PER_MINUTE`), so that one address cannot keep the server busy
   refusing it.
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 
 from app.views.guard import ASGIApp, Receive, Scope, Send, refuse
@@ -44,8 +46,11 @@ TOO_MANY_WAITING = (
 KEPT_BUCKETS = 10_000
 # A client sending exactly at the rate is let in despite the float sums' rounding.
 ROUNDING = 1e-9
-# A waiting request's client as Gradio's queue holds it: the peer and its X-Forwarded-For lines.
-Waiting = Callable[[], Iterable[tuple[str | None, list[str]]]]
+# The client key of each request waiting in the queue (as the door kept it in the request's scope).
+Waiting = Callable[[], Iterable[str]]
+CLIENT_KEY = "vlm.client"
+# The routes whose requests wait in Gradio's queue (the guard closes the others that could).
+QUEUE_JOINS = ("/gradio_api/queue/join", "/gradio_api/call/")
 
 
 class RequestRate:
@@ -84,8 +89,11 @@ class RequestRate:
 
 
 class Doorway:
-    """Refuses a request that starts work from an address past its `RequestRate`, or with
-    `most_waiting` requests waiting in the queue already (`waiting`: the queue's requests)."""
+    """Refuses a request that starts work from an address past its `RequestRate`, or a request
+    joining the queue that `admits` refuses. An address's requests waiting are those in the queue
+    (`waiting`: the client key the door gave each, kept in its scope) and those the door let in
+    and has not yet answered (requests sent together all passed a count of the queue alone
+    before any of them reached it)."""
 
     def __init__(
         self,
@@ -95,27 +103,57 @@ class Doorway:
         burst: int,
         waiting: Waiting,
         most_waiting: int,
+        queue_size: int,
     ) -> None:
         self.app = app
         self.identity = identity
         self.rate = RequestRate(per_minute, burst)
         self.waiting = waiting
         self.most_waiting = most_waiting
-
-    def address(self, peer: str | None, forwarded: list[str]) -> str:
-        return self.identity.address(peer, forwarded_for(forwarded))
+        self.queue_size = queue_size
+        self.passing: Counter[str] = Counter()  # queue joins let in and not yet answered, by address
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope.get("method") == "POST":
-            forwarded = [v.decode("latin-1") for n, v in scope["headers"] if n == b"x-forwarded-for"]
-            address = self.address((scope.get("client") or (None,))[0], forwarded)
-            if not self.rate.take(address):
-                await refuse(send, 429, TOO_FAST, retry_after_s=self.rate.wait_s(address))
-                return
-            if sum(self.address(*client) == address for client in self.waiting()) >= self.most_waiting:
-                await refuse(send, 429, TOO_MANY_WAITING, retry_after_s=1)
-                return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        forwarded = [v.decode("latin-1") for n, v in scope["headers"] if n == b"x-forwarded-for"]
+        address = self.identity.address((scope.get("client") or (None,))[0], forwarded_for(forwarded))
+        scope[CLIENT_KEY] = address
+        if not self.rate.take(address):
+            await refuse(send, 429, TOO_FAST, retry_after_s=self.rate.wait_s(address))
+            return
+        # A share of the whole queue or more: the operator set no share (a test bench of one address).
+        if not scope["path"].startswith(QUEUE_JOINS) or self.most_waiting >= self.queue_size:
+            await self.app(scope, receive, send)
+            return
+        queued = Counter(self.waiting())
+        mine = queued[address] + self.passing[address]
+        if not admits(mine, queued.total() + self.passing.total(), self.queue_size, self.most_waiting):
+            await refuse(send, 429, TOO_MANY_WAITING, retry_after_s=1)
+            return
+        # Counted until its response ends: a join's ends once its event is in the queue (where it
+        # is counted then, so briefly twice: on the safe side).
+        self.passing[address] += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.passing[address] -= 1
+            if not self.passing[address]:
+                del self.passing[address]
+
+
+def admits(mine: int, taken: int, queue_size: int, most: int) -> bool:
+    """Whether a request joins the queue, with `mine` of its address's and `taken` of all
+    waiting. While the queue is under half full, any does (a tab's held-back checks come 15 to
+    30 at once, and are answered at once); past half, an address with `most` waiting no more;
+    past three quarters, only an address with none waiting, so that a few addresses cannot
+    fill it between them either."""
+    if taken >= queue_size * 3 // 4:
+        return mine == 0
+    if taken >= queue_size // 2:
+        return mine < most
+    return True
 
 
 def most_waiting(queue_size: int) -> int:

@@ -94,6 +94,8 @@ def client_key(address: str) -> str:
     """What counts as one client (answers running, votes, requests): an IPv4 address, or an IPv6
     address's /64 network, which one client usually has whole (counted by single address, it
     had billions of allowances). Anything not an address stays as it is."""
+    if not bare(address):
+        return "unknown"
     try:
         parsed = ipaddress.ip_address(bare(address))
     except ValueError:
@@ -104,6 +106,9 @@ def client_key(address: str) -> str:
         return str(ipaddress.ip_network(f"{parsed}/64", strict=False))
     return str(parsed)
 
+
+# Proxies in front of the app believed at most: the client is the last hop not one of them.
+MAX_HOPS = 16
 
 # The addresses only a host's own network uses (a Space's proxy comes from one of these).
 PRIVATE_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")
@@ -148,7 +153,9 @@ class Identity:
         forwarded for (`forwarded_for` joins the header's lines)."""
         address = peer or "unknown"
         if address in self.trusted_proxies and forwarded_for:
-            for hop in reversed([bare(part) for part in forwarded_for.split(",") if part.strip()]):
+            # The last hops only: a long header (a client's own entries first) costs no more.
+            hops = forwarded_for.rsplit(",", MAX_HOPS)[-MAX_HOPS:]
+            for hop in reversed([bare(part) for part in hops if part.strip()]):
                 address = hop
                 if hop not in self.trusted_proxies:
                     break

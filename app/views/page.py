@@ -18,7 +18,7 @@ from app.views.api import CHAT_API, ChatApi
 from app.views.arena import ArenaView
 from app.views.chat import PRIVATE, ChatView
 from app.views.compare import CompareView
-from app.views.doorway import Doorway, most_waiting
+from app.views.doorway import CLIENT_KEY, Doorway, most_waiting
 from app.views.grid import GridView
 from app.views.guard import Guard, allowed_hosts
 from app.views.history import HistoryView
@@ -222,16 +222,16 @@ def queue_less_calls(demo: gr.Blocks) -> dict[int, Callable[[list[Any]], bool]]:
     return {index: accepts(fn.inputs) for index, fn in demo.fns.items() if not fn.queue and fn.fn}
 
 
-def waiting_clients(demo: gr.Blocks) -> Iterator[tuple[str | None, list[str]]]:
-    """The client of each request waiting in Gradio's queue (its peer and X-Forwarded-For lines),
-    for the door's count of an address's places (`Doorway`). Gradio keeps the queue's events by
-    concurrency group in `_queue` (6.31); where it does not, none are counted."""
+def waiting_clients(demo: gr.Blocks) -> Iterator[str]:
+    """The client key of each request waiting in Gradio's queue, as the door kept it in the
+    request's scope (`Doorway`). Gradio keeps the queue's events by concurrency group in `_queue`
+    (6.31); `tests/test_api_sessions.py` fails where it no longer does."""
     groups = getattr(getattr(demo, "_queue", None), "event_queue_per_concurrency_id", {})
     for group in list(groups.values()):
         for event in list(group.queue):
-            request = getattr(event, "request", None)
-            if request is not None:
-                yield getattr(request.client, "host", None), request.headers.getlist("x-forwarded-for")
+            key = getattr(getattr(event, "request", None), "scope", {}).get(CLIENT_KEY)
+            if key is not None:
+                yield key
 
 
 # Gradio keeps each page load's session (a copy of the page's configuration, about 0.3 MB here,
@@ -275,6 +275,7 @@ def launch(demo: gr.Blocks, settings: Settings, block: bool = True, quiet: bool 
         burst=settings.request_burst_per_address,
         waiting=lambda: waiting_clients(demo),
         most_waiting=settings.waiting_per_address or most_waiting(settings.queue_size),
+        queue_size=settings.queue_size,
     )
     middleware = [doorway, guard, identity]
     if (registry := getattr(demo, "vlm_metrics", None)) is not None:
