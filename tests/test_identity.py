@@ -29,7 +29,7 @@ from app.engines.vllm_engine import VllmEngineFactory
 from app.media.loading import VideoDecoderPool
 from app.storage.history import History, sqlite_url
 from app.views import Playground, launch
-from app.views.identity import COOKIE, Identity, IdentityMiddleware, signing_key
+from app.views.identity import CLIENT_KEY, COOKIE, Identity, IdentityMiddleware, signing_key
 from app.views.page import Page
 
 IDENTITY = Identity(secrets.token_bytes(32), trusted_proxies=("10.9.9.9",))
@@ -83,6 +83,24 @@ def test_the_address_is_the_peers_unless_a_trusted_proxy_forwarded_it():
     # A proxy that writes the client's port: the client, not one per port.
     assert IDENTITY.address("10.9.9.9", "198.51.100.1:5678") == "198.51.100.1"
     assert IDENTITY.address("10.9.9.9", "[2001:db8::7]:443, 10.9.9.9:80") == "2001:db8::/64"
+
+
+def test_a_handler_counts_the_client_the_door_counted_and_its_headers_where_no_door_stood():
+    """The door works the client key out once per request and keeps it in the request's scope;
+    the handlers (a page's load, `/chat`) read it there. A request no door saw (an app mounted
+    without one) is worked out from its peer and X-Forwarded-For lines as the door would."""
+
+    def scope(client: str, forwarded: list[str], **kept: str) -> dict:
+        headers = [(b"x-forwarded-for", line.encode()) for line in forwarded]
+        return {"type": "http", "method": "POST", "headers": headers, "client": (client, 5000), **kept}
+
+    kept = gr.Request(request=Request(scope("10.9.9.9", ["198.51.100.1"], **{CLIENT_KEY: "192.0.2.44"})))
+    assert IDENTITY.client_of(kept) == "192.0.2.44"
+    # Two lines from two proxies read as one list: the last hop not a trusted proxy.
+    unseen = gr.Request(request=Request(scope("10.9.9.9", ["1.2.3.4", "198.51.100.1, 10.9.9.9"])))
+    assert IDENTITY.client_of(unseen) == "198.51.100.1"
+    assert IDENTITY.client_of(gr.Request(request=Request(scope("2001:db8::9", [])))) == "2001:db8::/64"
+    assert IDENTITY.client_of(None) == "unknown"
 
 
 def test_trusted_proxies_may_be_ranges():

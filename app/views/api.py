@@ -10,7 +10,6 @@ import gradio as gr
 from app.domain.conversation import Session
 from app.domain.sessions import Visit
 from app.views.chat import ChatView
-from app.views.identity import forwarded_for
 from app.views.services import WARNING
 
 CHAT_API = "chat"
@@ -43,10 +42,7 @@ class ChatApi:
         visit = Visit(
             chat=Session(),
             counted_as=playground.identity.visitor(headers) or "",
-            address=playground.identity.address(
-                getattr(request.client, "host", None) if request is not None else None,
-                forwarded_for(request.headers.getlist("x-forwarded-for")) if request is not None else None,
-            ),
+            address=playground.identity.client_of(request),
         )
         try:
             async for update in self.chat.send(

@@ -23,7 +23,9 @@ about 20 open tabs at one address and a few tabs' cold starts at once.
 
 The address is the one the answers' allowance and the arena count (`Identity.address`): the
 connection's peer, or behind a trusted proxy the client it forwarded for; an IPv6 client by its
-/64. An office behind one address shares both limits. A flood from many addresses at once needs
+/64. The door works it out once per request and keeps it in the request's scope (`CLIENT_KEY`),
+where the queue's count and the handlers read it (`Identity.client_of`). An office behind one
+address shares both limits. A flood from many addresses at once needs
 a rate limit in front (a proxy's).
 """
 
@@ -35,7 +37,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from app.views.guard import ASGIApp, Receive, Scope, Send, refuse
-from app.views.identity import Identity, forwarded_for
+from app.views.identity import CLIENT_KEY, Identity, forwarded_for
 
 TOO_FAST = "Too many requests from your address: wait a few seconds, then try again."
 TOO_MANY_WAITING = (
@@ -48,7 +50,6 @@ KEPT_BUCKETS = 10_000
 ROUNDING = 1e-9
 # The client key of each request waiting in the queue (as the door kept it in the request's scope).
 Waiting = Callable[[], Iterable[str]]
-CLIENT_KEY = "vlm.client"
 # The routes whose requests wait in Gradio's queue (the guard closes the others that could).
 QUEUE_JOINS = ("/gradio_api/queue/join", "/gradio_api/call/")
 

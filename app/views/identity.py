@@ -94,10 +94,11 @@ def client_key(address: str) -> str:
     """What counts as one client (answers running, votes, requests): an IPv4 address, or an IPv6
     address's /64 network, which one client usually has whole (counted by single address, it
     had billions of allowances). Anything not an address stays as it is."""
-    if not bare(address):
+    written = bare(address)
+    if not written:
         return "unknown"
     try:
-        parsed = ipaddress.ip_address(bare(address))
+        parsed = ipaddress.ip_address(written)
     except ValueError:
         return address
     if isinstance(parsed, ipaddress.IPv6Address):
@@ -106,6 +107,10 @@ def client_key(address: str) -> str:
         return str(ipaddress.ip_network(f"{parsed}/64", strict=False))
     return str(parsed)
 
+
+# Where the door (`app.views.doorway`) keeps the client key it worked out for a request, in the
+# request's ASGI scope: the handlers that count the client read it there, not the headers again.
+CLIENT_KEY = "vlm.client"
 
 # Proxies in front of the app believed at most: the client is the last hop not one of them.
 MAX_HOPS = 16
@@ -160,6 +165,19 @@ class Identity:
                 if hop not in self.trusted_proxies:
                     break
         return client_key(address)
+
+    def client_of(self, request: Any) -> str:
+        """The client address (`address`) of a Gradio request: the one the door kept in its scope
+        (`CLIENT_KEY`), or worked out from its peer and headers where no door stood before it."""
+        raw = getattr(request, "request", None)  # the server's own request, not Gradio's copy
+        kept = getattr(raw, "scope", {}).get(CLIENT_KEY) if raw is not None else None
+        if isinstance(kept, str):
+            return kept
+        if request is None:
+            return self.address(None, None)
+        headers = getattr(request, "headers", None)
+        lines = headers.getlist("x-forwarded-for") if hasattr(headers, "getlist") else []
+        return self.address(getattr(request.client, "host", None), forwarded_for(lines))
 
     def address_key(self, address: str) -> str:
         """What the database keeps of an address: a keyed hash, never the address itself."""

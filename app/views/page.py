@@ -18,11 +18,11 @@ from app.views.api import CHAT_API, ChatApi
 from app.views.arena import ArenaView
 from app.views.chat import PRIVATE, ChatView
 from app.views.compare import CompareView
-from app.views.doorway import CLIENT_KEY, Doorway, most_waiting
+from app.views.doorway import Doorway, most_waiting
 from app.views.grid import GridView
 from app.views.guard import Guard, allowed_hosts
 from app.views.history import HistoryView
-from app.views.identity import Identity, IdentityMiddleware, forwarded_for
+from app.views.identity import CLIENT_KEY, Identity, IdentityMiddleware
 from app.views.leaderboard import LEADERBOARD_API, LeaderboardView
 from app.views.metrics import MetricsEndpoint
 from app.views.services import Playground
@@ -113,9 +113,7 @@ class Page:
         # A tab's answers count against its visitor (a browser that keeps no cookie, as some do in
         # a Space's frame, is a visitor per tab) and its address (`app.views.fairness`).
         visit.counted_as = visit.browser_id
-        visit.address = self.playground.identity.address(
-            peer, forwarded_for(request.headers.getlist("x-forwarded-for"))
-        )
+        visit.address = self.playground.identity.client_of(request)
         ready = (gr.update(interactive=True) for _ in self.closed_until_session())
         return token, visit.browser_id, visit, self.signed_in(visit), *self.chat.resumed(visit), *ready
 
