@@ -112,6 +112,13 @@ def client_key(address: str) -> str:
 # request's ASGI scope: the handlers that count the client read it there, not the headers again.
 CLIENT_KEY = "vlm.client"
 
+
+def kept_client(request: Any) -> str | None:
+    """The client key the door kept in a server request's scope (`CLIENT_KEY`), if it saw it."""
+    key = getattr(request, "scope", {}).get(CLIENT_KEY)
+    return key if isinstance(key, str) else None
+
+
 # Proxies in front of the app believed at most: the client is the last hop not one of them.
 MAX_HOPS = 16
 
@@ -168,16 +175,16 @@ class Identity:
 
     def client_of(self, request: Any) -> str:
         """The client address (`address`) of a Gradio request: the one the door kept in its scope
-        (`CLIENT_KEY`), or worked out from its peer and headers where no door stood before it."""
-        raw = getattr(request, "request", None)  # the server's own request, not Gradio's copy
-        kept = getattr(raw, "scope", {}).get(CLIENT_KEY) if raw is not None else None
-        if isinstance(kept, str):
+        (`kept_client`), or worked out from its peer and headers where no door stood before it."""
+        # The server's own request, not Gradio's copy (which would turn the scope into JSON).
+        kept = kept_client(getattr(request, "request", None))
+        if kept is not None:
             return kept
         if request is None:
             return self.address(None, None)
-        headers = getattr(request, "headers", None)
-        lines = headers.getlist("x-forwarded-for") if hasattr(headers, "getlist") else []
-        return self.address(getattr(request.client, "host", None), forwarded_for(lines))
+        return self.address(
+            getattr(request.client, "host", None), forwarded_for(request.headers.getlist("x-forwarded-for"))
+        )
 
     def address_key(self, address: str) -> str:
         """What the database keeps of an address: a keyed hash, never the address itself."""

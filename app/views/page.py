@@ -22,7 +22,7 @@ from app.views.doorway import Doorway, most_waiting
 from app.views.grid import GridView
 from app.views.guard import Guard, allowed_hosts
 from app.views.history import HistoryView
-from app.views.identity import CLIENT_KEY, Identity, IdentityMiddleware
+from app.views.identity import Identity, IdentityMiddleware, kept_client
 from app.views.leaderboard import LEADERBOARD_API, LeaderboardView
 from app.views.metrics import MetricsEndpoint
 from app.views.services import Playground
@@ -227,8 +227,7 @@ def waiting_clients(demo: gr.Blocks) -> Iterator[str]:
     groups = getattr(getattr(demo, "_queue", None), "event_queue_per_concurrency_id", {})
     for group in list(groups.values()):
         for event in list(group.queue):
-            key = getattr(getattr(event, "request", None), "scope", {}).get(CLIENT_KEY)
-            if key is not None:
+            if (key := kept_client(getattr(event, "request", None))) is not None:
                 yield key
 
 
