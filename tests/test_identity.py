@@ -117,6 +117,24 @@ def test_trusted_proxies_may_be_ranges():
         Settings.from_env({"APP_TRUSTED_PROXIES": "10.0.0.1, 10.0.0.300"})
 
 
+def test_a_proxy_on_the_hosts_own_network_not_listed_as_trusted_is_named_in_the_log_once(caplog):
+    """Behind a reverse proxy not in APP_TRUSTED_PROXIES every visitor has the proxy's address and
+    shares one allowance; the operator is told which address to list, once. A peer from the
+    public internet that sends the header is a client writing its own, and says nothing."""
+    untrusted = Identity(secrets.token_bytes(32))
+    with caplog.at_level("WARNING", logger="app.views.identity"):
+        assert untrusted.address("203.0.113.5", "198.51.100.1") == "203.0.113.5"
+        assert IDENTITY.address("10.9.9.9", "198.51.100.1") == "198.51.100.1"  # trusted
+        assert untrusted.address("127.0.0.1", None) == "127.0.0.1"  # no header: no proxy
+        assert not caplog.records
+        for _ in range(3):
+            assert untrusted.address("127.0.0.1", "198.51.100.1") == "127.0.0.1"
+        untrusted.address("192.168.1.2", "198.51.100.1")
+    assert len(caplog.records) == 1, [r.getMessage() for r in caplog.records]
+    line = caplog.records[0].getMessage()
+    assert "127.0.0.1" in line and "APP_TRUSTED_PROXIES" in line and "198.51.100.1" not in line
+
+
 def test_the_signing_key_outlives_a_restart_and_is_the_apps_alone(tmp_path):
     first = signing_key(tmp_path)
     assert signing_key(tmp_path) == first and len(first) == 32

@@ -136,6 +136,7 @@ class Identity:
         self.trusted_proxies = TrustedProxies(trusted_proxies)
         self.secure = secure
         self.framed = framed and secure
+        self.untrusted_proxy_named = False
 
     def sign(self, visitor: str) -> str:
         return f"{visitor}.{self._mac(visitor)}"
@@ -164,6 +165,8 @@ class Identity:
         """The client's address (`client_key`): the peer's, or behind a trusted proxy the one it
         forwarded for (`forwarded_for` joins the header's lines)."""
         address = peer or "unknown"
+        if forwarded_for and address not in self.trusted_proxies:
+            self._name_untrusted_proxy(address)
         if address in self.trusted_proxies and forwarded_for:
             # The last hops only: a long header (a client's own entries first) costs no more.
             hops = forwarded_for.rsplit(",", MAX_HOPS)[-MAX_HOPS:]
@@ -172,6 +175,21 @@ class Identity:
                 if hop not in self.trusted_proxies:
                     break
         return client_key(address)
+
+    def _name_untrusted_proxy(self, peer: str) -> None:
+        """Once: a peer on the host's own network (a reverse proxy in front of the app, most
+        likely) forwards for clients, but is not trusted, so every visitor counts as it. A peer
+        from the public internet that sends the header is a client writing its own: not named."""
+        if self.untrusted_proxy_named:
+            return
+        if bare(peer) in TrustedProxies((*PRIVATE_RANGES, "127.0.0.0/8", "::1/128")):
+            self.untrusted_proxy_named = True
+            log.warning(
+                "requests from %s carry X-Forwarded-For, but it is not in APP_TRUSTED_PROXIES: if it "
+                "is your reverse proxy, every visitor behind it counts as one client (one allowance "
+                "of answers, votes and requests); list it in APP_TRUSTED_PROXIES",
+                peer,
+            )
 
     def client_of(self, request: Any) -> str:
         """The client address (`address`) of a Gradio request: the one the door kept in its scope
