@@ -124,6 +124,8 @@ MAX_HOPS = 16
 
 # The addresses only a host's own network uses (a Space's proxy comes from one of these).
 PRIVATE_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")
+# Where a reverse proxy in front of the app most likely stands: the host itself or its network.
+HOST_NETWORK = TrustedProxies((*PRIVATE_RANGES, "127.0.0.0/8", "::1/128"))
 
 
 class Identity:
@@ -182,7 +184,7 @@ class Identity:
         from the public internet that sends the header is a client writing its own: not named."""
         if self.untrusted_proxy_named:
             return
-        if bare(peer) in TrustedProxies((*PRIVATE_RANGES, "127.0.0.0/8", "::1/128")):
+        if bare(peer) in HOST_NETWORK:
             self.untrusted_proxy_named = True
             log.warning(
                 "requests from %s carry X-Forwarded-For, but it is not in APP_TRUSTED_PROXIES: if it "
