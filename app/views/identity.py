@@ -189,7 +189,8 @@ class Identity:
             log.warning(
                 "requests from %s carry X-Forwarded-For, but it is not in APP_TRUSTED_PROXIES: if it "
                 "is your reverse proxy, every visitor behind it counts as one client (one allowance "
-                "of answers, votes and requests); list it in APP_TRUSTED_PROXIES",
+                "of answers, votes and requests); list it in APP_TRUSTED_PROXIES (not if it is a "
+                "client on your network that wrote the header itself)",
                 peer,
             )
 
