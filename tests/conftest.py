@@ -25,8 +25,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 from hypothesis import settings
+from zmq_contexts import keep_contexts_collected_open
 
 from app.demo.models import use_local_vllm_environment
+
+keep_contexts_collected_open()
 
 # Property tests: the same examples on every run by default, so that CI's verdict is the code's,
 # not the draw's; `HYPOTHESIS_PROFILE=deep` draws many more, at random (run it after a change
