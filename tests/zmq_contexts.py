@@ -9,7 +9,7 @@ then waits for them forever: a worker of the suite sat in it for 20 minutes in a
 (2026-12-03), in `tests/test_arena.py`'s first property test, and the run never ended.
 
 In the tests' processes, a context still open when it is collected is kept instead (with its
-two I/O threads, until the process ends): the tests must end, and what the app does with its
+I/O threads, until the process ends): the tests must end, and what the app does with its
 engines is tested by its own shutdown tests."""
 
 from __future__ import annotations

@@ -169,7 +169,7 @@ class Identity:
         address = peer or "unknown"
         if forwarded_for and address not in self.trusted_proxies:
             self._name_untrusted_proxy(address)
-        if address in self.trusted_proxies and forwarded_for:
+        elif forwarded_for:
             # The last hops only: a long header (a client's own entries first) costs no more.
             hops = forwarded_for.rsplit(",", MAX_HOPS)[-MAX_HOPS:]
             for hop in reversed([bare(part) for part in hops if part.strip()]):
