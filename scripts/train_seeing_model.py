@@ -1,7 +1,8 @@
 """Trains a seeing demo model into the folder the app serves it from, from its fixed seed, then
-reports its accuracy per question kind on held-out questions, the foreign set, the README's
-example, tidy rows of three shapes as the page's example picture and the pictures of a third hand,
-through the real vLLM engine:
+reports its accuracy per question kind on held-out questions, the foreign set (asked first, and as
+the third question of a visitor's chat about its picture), the README's example, tidy rows of
+three shapes as the page's example picture and the pictures of a third hand, through the real vLLM
+engine:
 
     .venv/bin/python scripts/train_seeing_model.py [--model first|second] [--out DIR] [--per-kind N]
 
@@ -43,6 +44,7 @@ from app.demo.seeing_check import (  # noqa: E402
     FOREIGN_KINDS,
     STRANGER_PICTURES,
     answers,
+    answers_in_a_chat,
     by_wording,
     foreign_set,
     labelled_as_asked,
@@ -109,7 +111,8 @@ RECIPES = {
 
 def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
     """The model in `folder` asked `per_kind` held-out questions of each kind, the foreign set, the
-    README example and wordings training never uses, through the app's engine manager and the
+    README example, wordings training never uses and the foreign set again as a chat's third
+    question (`seeing_check.answer_in_a_chat`), through the app's engine manager and the
     real vLLM engine (greedy); prints the share right per kind, and the foreign set's wrong answers."""
     use_local_vllm_environment(Path(tempfile.mkdtemp(prefix="vllm-seeing-")))
     from app.config import Settings
@@ -154,6 +157,11 @@ def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
             print(f"wordings training never uses, on the foreign set's pictures ({STRANGER_PICTURES} each):")
             for wording, (right, count) in tally(strangers, said, by_wording).items():
                 print(f"  {wording:50} {right}/{count}")
+            asked = [q for q in foreign_set(FOREIGN) if q.kind in recipe.foreign_kinds] + readme_example()
+            said = await answers_in_a_chat(manager, recipe.key, decoder, asked)
+            print("the foreign set and the README example, each the third question of a chat about it:")
+            for kind, (right, count) in tally(asked, said).items():
+                print(f"  {kind:12} {right}/{count} = {right / count:.0%}")
         finally:
             await manager.close()
 

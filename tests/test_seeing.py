@@ -26,6 +26,7 @@ from app.demo.seeing_check import (
     STRANGER_PICTURES,
     STRANGER_WORDINGS,
     answers,
+    answers_in_a_chat,
     by_wording,
     foreign_set,
     labelled_as_asked,
@@ -86,6 +87,29 @@ STRANGER_BELOW_FLOOR = {"count": 0.70, "describe": 0.45, "bigger": 0.75}
 # 20: run Z counts 19 and describes 12 right (of the 40 the evaluation asks, 38 and 24). Its wrong
 # descriptions mostly give the middle shape a neighbour's colour or kind.
 ROWS_ASKED, ROW_DESCRIPTIONS_BELOW_FLOOR = 20, 0.55
+# A visitor asks more than one question about a picture. Asked as the third question of a chat
+# about its picture (`seeing_check.answer_in_a_chat`: the background's colour and how many shapes
+# there are, or a description, asked first and answered by the model, the answers kept in the chat),
+# run Z's weights, taught one question a conversation (at most one earlier turn), lose most kinds:
+# of every other foreign picture's questions, sides 14/25 (first asked 25), counts 4/25 (21),
+# places 5/13 (13), the bigger shape 8/12 (11), counts of a colour 1/13 (11), backgrounds 4/12 (12),
+# descriptions 0/13 (6), boxes 2/12 (5), kinds of shape 22/25 (24), the colour of a shape named by
+# its kind 11/13 (13) and the kind of one named by its colour 10/12 (11); answered "none" to most
+# counts (docs/BENCHMARKS.md, "A visitor's third question"). Each kind here keeps what it reached,
+# less a question, and is held to the floor by a strict xfail test.
+CHAT_BELOW_FLOOR = {
+    "shape": 0.84,
+    "side": 0.52,
+    "count": 0.12,
+    "where": 0.30,
+    "bigger": 0.58,
+    "colour count": 0.0,
+    "background": 0.25,
+    "describe": 0.0,
+    "box": 0.08,
+    "colour of": 0.76,
+    "shape of": 0.75,
+}
 
 
 COMMITTED = "committed"  # the weights in the repository, which the app serves, when trained again
@@ -260,6 +284,48 @@ def test_a_kind_below_the_floor_reaches_it_on_pictures_drawn_by_another_hand(for
 def test_the_kinds_below_the_floor_keep_what_they_reached_on_pictures_drawn_by_another_hand(foreign):
     scores, wrong, _ = foreign
     assert all(scores[kind][0] >= lowest * scores[kind][1] for kind, lowest in BELOW_FLOOR_FOREIGN.items()), (
+        wrong
+    )
+
+
+@pytest.fixture(scope="module")
+def in_a_chat(
+    loop, manager: EngineManager, decoder: VideoDecoderPool, committed: str
+) -> tuple[dict, list[str]]:
+    """The committed weights asked the foreign questions of `foreign` (and the README's example) each
+    as a visitor's third question in a chat about its picture: (right, asked) per kind, and the
+    wrong answers."""
+    questions = foreign_set(FOREIGN)[::2] + readme_example()
+    said = loop.run(answers_in_a_chat(manager, committed, decoder, questions))
+    scores = tally(questions, said)
+    print(
+        "foreign set, asked third in a chat:",
+        {kind: f"{right}/{asked}" for kind, (right, asked) in scores.items()},
+    )
+    return scores, wrong_answers(questions, said)
+
+
+def test_a_visitors_third_question_about_a_picture_is_answered_as_the_first(in_a_chat):
+    """Issue 29: a visitor asks several questions about one picture in a chat; each is answered from
+    the picture, not from the questions and answers before it."""
+    scores, wrong = in_a_chat
+    assert set(scores) == FOREIGN_KINDS | {"readme"}
+    assert all(
+        right >= FLOOR * asked for kind, (right, asked) in scores.items() if kind not in CHAT_BELOW_FLOOR
+    ), wrong
+
+
+@pytest.mark.xfail(strict=True, reason="issue 29: taught one question a conversation (docs/BENCHMARKS.md)")
+@pytest.mark.parametrize("kind", sorted(CHAT_BELOW_FLOOR))
+def test_a_kind_below_the_floor_reaches_it_asked_third_in_a_chat(in_a_chat, kind: str):
+    scores, wrong = in_a_chat
+    right, asked = scores[kind]
+    assert right >= FLOOR * asked, wrong
+
+
+def test_the_kinds_below_the_floor_keep_what_they_reached_asked_third_in_a_chat(in_a_chat):
+    scores, wrong = in_a_chat
+    assert all(scores[kind][0] >= lowest * scores[kind][1] for kind, lowest in CHAT_BELOW_FLOOR.items()), (
         wrong
     )
 

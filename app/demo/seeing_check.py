@@ -15,12 +15,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from app.demo.seeing_model import ask, right_answer
+from app.demo.seeing_model import ANSWER_TOKENS, ask, right_answer
 from app.demo.shapes import BACKGROUND, COLOURS, SHAPES, Drawn, Scene, description, tidy_picture
 from app.domain.conversation import Session, engine_messages, make_turn
+from app.domain.replies import Reply
+from app.engines.base import SamplingSettings, StreamEnd, TextDelta
 from app.engines.manager import EngineManager
 from app.media.grounding import parse_qwen_json
 from app.media.loading import VideoDecoderPool
@@ -134,6 +137,63 @@ async def answers(
 ) -> list[str]:
     """The model's answer to each of `questions`, asked at once."""
     return list(await asyncio.gather(*(answer_files(manager, key, decoder, q) for q in questions)))
+
+
+# What a visitor asks about a picture before the question graded in a chat (`answer_in_a_chat`):
+# questions any picture has an answer to, the first with the file, and no question of the graded
+# kind (whose earlier answer could simply be said again). The model's own answers stay in the chat.
+EARLIER_IN_A_CHAT = {
+    "background": "What colour is the background?",
+    "count": "How many shapes are there?",
+    "describe": "Describe the picture.",
+}
+
+# The kind of question these sets' own kinds ask.
+ASKED_AS = {"readme": "count", "row count": "count", "row describe": "describe"}
+
+
+async def streamed_answer(manager: EngineManager, key: str, messages: list[dict[str, Any]]) -> str:
+    """The model's greedy answer as streamed, kept in a chat as the app keeps it (`seeing_model.ask`
+    lowercases it to compare)."""
+    pieces = []
+    settings = SamplingSettings(temperature=0.0, max_tokens=ANSWER_TOKENS)
+    async for event in manager.stream(key, messages, settings):
+        if isinstance(event, TextDelta):
+            pieces.append(event.text)
+        elif isinstance(event, StreamEnd):
+            break
+    return "".join(pieces)
+
+
+async def answer_in_a_chat(
+    manager: EngineManager, key: str, decoder: VideoDecoderPool, question: Question, frames: int = 8
+) -> str:
+    """The model's answer to `question` asked as a visitor's third in a chat about its files: two
+    of `EARLIER_IN_A_CHAT` first (the files sent with the first), each answered by the model and
+    kept in the conversation, as the app keeps a chat's turns."""
+    asked = ASKED_AS.get(question.kind, question.kind)
+    earlier = [text for kind, text in EARLIER_IN_A_CHAT.items() if kind != asked][:2]
+    session, kept = Session(), []
+    try:
+        for index, text in enumerate([*earlier, question.text]):
+            files = [str(f) for f in question.files] if index == 0 else []
+            turn, clip = await make_turn(session, text, files, decoder, frames)
+            kept.append(turn)
+            clips = {turn.video: clip} if clip else None
+            messages = await engine_messages(kept, None, decoder, frames, clips)
+            said = await streamed_answer(manager, key, messages)
+            turn.reply = Reply(key, "seeing", "", answer=said)
+        return said.strip().rstrip(".").lower()  # compared as `seeing_model.ask`'s answers are
+    finally:
+        session.close()
+
+
+async def answers_in_a_chat(
+    manager: EngineManager, key: str, decoder: VideoDecoderPool, questions: list[Question]
+) -> list[str]:
+    """The model's answer to each of `questions` as a visitor's third in a chat (`answer_in_a_chat`),
+    the chats at once."""
+    return list(await asyncio.gather(*(answer_in_a_chat(manager, key, decoder, q) for q in questions)))
 
 
 # The page's own kind of picture (`static/examples/three_shapes.png`, 300x120): three shapes in a
