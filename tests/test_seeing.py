@@ -264,13 +264,16 @@ def foreign(
     return scores, wrong_answers(questions, said), labelled
 
 
+def at_the_floor(scores: dict[str, tuple[int, int]], but: dict[str, float]) -> bool:
+    """Whether every kind's (right, asked) but those of `but` is at `FLOOR`."""
+    return all(right >= FLOOR * asked for kind, (right, asked) in scores.items() if kind not in but)
+
+
 def test_the_committed_weights_see_pictures_drawn_by_another_hand(foreign):
     """Issue 29: right on its own generator's pictures, wrong on other people's."""
     scores, wrong, _ = foreign
     assert set(scores) == FOREIGN_KINDS | {"readme"}
-    assert all(
-        right >= FLOOR * asked for kind, (right, asked) in scores.items() if kind not in BELOW_FLOOR_FOREIGN
-    ), wrong
+    assert at_the_floor(scores, but=BELOW_FLOOR_FOREIGN), wrong
 
 
 @pytest.mark.xfail(strict=True, reason="issue 29: not yet at the floor (docs/BENCHMARKS.md)")
@@ -310,9 +313,7 @@ def test_a_visitors_third_question_about_a_picture_is_answered_as_the_first(in_a
     the picture, not from the questions and answers before it."""
     scores, wrong = in_a_chat
     assert set(scores) == FOREIGN_KINDS | {"readme"}
-    assert all(
-        right >= FLOOR * asked for kind, (right, asked) in scores.items() if kind not in CHAT_BELOW_FLOOR
-    ), wrong
+    assert at_the_floor(scores, but=CHAT_BELOW_FLOOR), wrong
 
 
 @pytest.mark.xfail(strict=True, reason="issue 29: taught one question a conversation (docs/BENCHMARKS.md)")
