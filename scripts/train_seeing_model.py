@@ -7,14 +7,15 @@ engine:
     .venv/bin/python scripts/train_seeing_model.py [--model first|second] [--out DIR] [--per-kind N]
 
 `first` (the default): the tiny Qwen3-VL of `app.demo.seeing_model`, into `static/seeing-model`
-(about 70 minutes on two CPU cores: run L's two lessons took 42 minutes, run U's third about 20,
-the fourth about 10). `second`: the tiny LLaVA-1.5 of `app.demo.seeing_llava`, into
+(about 72 minutes on two CPU cores: the vision lesson about 27, lessons two to four with their
+follow-up questions 44 in run FU2). `second`: the tiny LLaVA-1.5 of `app.demo.seeing_llava`, into
 `static/seeing-model-llava` (about 17 minutes).
 Evaluating takes a minute or two. The tests train again from the same code where the committed
 weights' stamp no longer matches it (`tests/test_seeing.py`, `tests/test_seeing_second.py`).
-`--third-lesson-from DIR` runs only the first model's third and fourth lessons, on a model saved
-after its first two, and `--fourth-lesson-from DIR` its fourth alone, on one saved after three
-(`later_lesson`).
+`--second-lesson-from DIR` runs only the first model's lessons two to four, on the tower of a saved
+model (its first lesson's, which the later ones leave as it is; the committed model's will do),
+`--third-lesson-from DIR` its third and fourth, on a model saved after its first two, and
+`--fourth-lesson-from DIR` its fourth alone, on one saved after three (`later_lesson`).
 """
 
 from __future__ import annotations
@@ -171,15 +172,17 @@ def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
 
 
 def later_lesson(lesson: str, source: Path, out: Path, steps: Steps) -> None:
-    """The first model's third or fourth lesson alone (`lesson`: "named" or "boxes"), on a model
+    """The first model's lessons from `lesson` on ("answers", "named" or "boxes"), on a model
     saved before it: what the whole recipe does from there (it rounds the weights to bfloat16, as
-    saved, and gives each of these lessons its own seed), in minutes instead of an hour. The third
-    was made so from run L's weights, which are in git (`git show
+    saved, and gives each of these lessons its own seed), without the vision lesson's 27 minutes.
+    From "answers", only the saved model's tower is taken (`seeing_model.taught_in_vision_lesson`); the text
+    model is the seed's, as the whole recipe's is after its first lesson. The third lesson was
+    made so from run L's weights, which are in git (`git show
     2f69afd:static/seeing-model/model.safetensors`), and the fourth from run U's (`git show
     cc0464a:static/seeing-model/model.safetensors`); with 20 steps of each lesson, this and the
     whole recipe gave the same bytes."""
     import torch
-    from transformers import AutoProcessor, Qwen3VLForConditionalGeneration
+    from transformers import AutoConfig, AutoProcessor, Qwen3VLForConditionalGeneration
 
     shutil.copytree(source, out)
     processor = AutoProcessor.from_pretrained(source)
@@ -187,10 +190,21 @@ def later_lesson(lesson: str, source: Path, out: Path, steps: Steps) -> None:
     model = Qwen3VLForConditionalGeneration.from_pretrained(source, dtype=torch.float32)
     card = seeing_model.seeing_card(load_cards()[seeing_model.BASE_CARD], out)
     report = lambda line: print(line, flush=True)  # noqa: E731
+    if lesson == "answers":
+        saved = model
+        torch.manual_seed(seeing_model.SEED)  # as `seeing_model.train` makes the model
+        model = Qwen3VLForConditionalGeneration(AutoConfig.from_pretrained(source))
+        tower = {
+            name: value
+            for name, value in saved.model.visual.state_dict().items()
+            if seeing_model.taught_in_vision_lesson(name)
+        }
+        model.model.visual.load_state_dict(tower, strict=False)
+        seeing_model.train_after_vision(model, processor, card, steps, report)
     if lesson == "named":
         rng = random.Random(seeing_model.NAMED_SEED)  # noqa: S311 (training data, seeded)
         seeing_model.teach_named(model, processor, card, rng, steps.named, report)
-    if steps.boxes:
+    if lesson != "answers" and steps.boxes:
         seeing_model.as_served(model)
         rng = random.Random(seeing_model.BOXES_SEED)  # noqa: S311 (training data, seeded)
         seeing_model.teach_boxes(model, processor, card, rng, steps.boxes, report)
@@ -210,6 +224,12 @@ def main() -> None:
     parser.add_argument("--answer-steps", type=int, help="steps of the answers lesson")
     parser.add_argument("--named-steps", type=int, help="steps of the first model's third lesson")
     parser.add_argument("--box-steps", type=int, help="steps of the first model's fourth lesson")
+    parser.add_argument(
+        "--second-lesson-from",
+        type=Path,
+        metavar="DIR",
+        help="the first model: run only its lessons two to four, on the tower of the model in DIR",
+    )
     parser.add_argument(
         "--third-lesson-from",
         type=Path,
@@ -242,10 +262,14 @@ def main() -> None:
             # Refused before training: an answers lesson of no steps failed after the whole
             # vision lesson, with nothing saved.
             parser.error("--vision-steps and --answer-steps take 1 or more, the later lessons' 0 or more")
-        later = {"named": args.third_lesson_from, "boxes": args.fourth_lesson_from}
+        later = {
+            "answers": args.second_lesson_from,
+            "named": args.third_lesson_from,
+            "boxes": args.fourth_lesson_from,
+        }
         if any(later.values()):
             if recipe.key != seeing_model.SEEING_KEY:
-                parser.error("only the first model has a third and a fourth lesson")
+                parser.error("only the first model's later lessons can be run on their own")
             lesson, source = next((lesson, source) for lesson, source in later.items() if source)
             shutil.rmtree(out, ignore_errors=True)
             later_lesson(lesson, source, out, steps)

@@ -13,9 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 from PIL import Image
 
-from app.demo import shapes
+from app.demo import seeing_model, shapes
 from app.demo.seeing_check import FOREIGN_KINDS, STRANGER_WORDINGS
 from app.demo.shapes import SHADES, Drawn, example, picture, random_shapes, scene, shade
 
@@ -250,3 +253,114 @@ def test_the_third_hands_set_is_drawn_by_other_code_again_the_same_and_small(tmp
         again = np.asarray(Image.open(tmp_path / "again" / row["file"]).convert("RGB"), dtype=np.int16)
         assert np.abs(again - np.asarray(Image.open(committed / row["file"]).convert("RGB"))).max() <= 2
     assert sum(f.stat().st_size for f in committed.iterdir()) < 2_500_000
+
+
+# The kinds of question asked of one picture, which follow-ups come after.
+ONE_PICTURE_KINDS = ("colour", "shape", "side", "where", "count", "colour count", "bigger", "background")
+ONE_PICTURE_KINDS += ("describe", "box", "colour of", "shape of")
+
+
+def named_in(question: str) -> set[str]:
+    return set(re.findall(r"[a-z]+", question.lower().replace("color", "colour")))
+
+
+def holds_for(found: shapes.Scene, kind: str, question: str, answer: str) -> bool:
+    """Whether `answer` to `question` is true of the picture, worked out from its pixels (`owner`)
+    and what was drawn, not from the generator's answers."""
+    drawn, words = found.shapes, named_in(question)
+    width, height = found.image.size
+    if kind == "count":
+        return answer == shapes.COUNTS[len(drawn)]
+    if kind == "colour count":
+        (colour,) = words & set(shapes.COLOURS)
+        return answer == shapes.COUNTS[sum(d.colour == colour for d in drawn)]
+    if kind in ("colour", "shape", "side", "where"):
+        ys, xs = np.nonzero(found.owner == 1)
+        x, y = (xs.min() + xs.max() + 1) / 2 / width, (ys.min() + ys.max() + 1) / 2 / height
+        truth = {
+            "colour": drawn[0].colour,
+            "shape": drawn[0].shape,
+            "side": "left" if x < 0.5 else "right",
+            "where": shapes.place_of(x, y),
+        }
+        return len(drawn) == 1 and answer == truth[kind]
+    if kind == "bigger":
+        areas = [int((found.owner == i + 1).sum()) for i in range(len(drawn))]
+        big = drawn[int(np.argmax(areas))]
+        return (
+            len(drawn) == 2 and max(areas) >= 1.6 * min(areas) and answer == f"the {big.colour} {big.shape}"
+        )
+    if kind == "background":
+        return found.backdrop in shapes.BACKDROP_WORDS and answer == shapes.BACKDROP_WORDS[found.backdrop]
+    if kind == "describe":
+        return answer.count(" ") > 2 and all(f"{d.colour} {d.shape}" in answer for d in drawn)
+    if kind == "box":
+        label = json.loads(answer)[0]["label"]
+        return [f"{d.colour} {d.shape}" for d in drawn].count(label) == 1 and set(label.split()) <= words
+    named_by, answered = ("shape", "colour") if kind == "colour of" else ("colour", "shape")
+    named = [d for d in drawn if getattr(d, named_by) in words]
+    return len(named) == 1 and answer == getattr(named[0], answered)
+
+
+@given(seed=st.integers(0, 2**32 - 1), kind=st.sampled_from(ONE_PICTURE_KINDS), count=st.integers(1, 3))
+@hypothesis_settings(max_examples=60, deadline=None)
+def test_follow_up_questions_are_of_other_kinds_and_true_of_the_same_picture(
+    seed: int, kind: str, count: int
+):
+    """Visitors ask several questions about the picture they sent; each follow-up the lessons ask
+    is of a kind not asked before in the conversation, among those the lesson teaches, and its
+    answer is true of the picture (worked out again here from its pixels)."""
+    rng = random.Random(seed)
+    item = example(rng, kind)
+    allowed = tuple(k for k in ONE_PICTURE_KINDS if rng.random() < 0.8)
+    asked = shapes.follow_ups(rng, item, count, allowed)
+    kinds = [later_kind for later_kind, _, _ in asked]
+    assert len(kinds) == len(set(kinds)) <= count and item.kind not in kinds
+    assert set(kinds) <= set(allowed)
+    for later_kind, question, answer in asked:
+        assert holds_for(item.scene, later_kind, question, answer), (later_kind, question, answer)
+
+
+def test_every_kind_follows_up_and_lesson_two_keeps_to_its_own_kinds():
+    rng = random.Random(9)
+    items = [seeing_model.with_follow_ups(rng, example(rng), seeing_model.KINDS) for _ in range(600)]
+    followed = {kind for item in items for kind, _, _ in item.follow_ups}
+    assert followed == set(ONE_PICTURE_KINDS)
+    # Only a question about one picture with no earlier turn is followed up.
+    assert all(len(item.images) == 1 and item.earlier is None for item in items if item.follow_ups)
+    assert all(len(item.follow_ups) in seeing_model.FOLLOW_UPS for item in items if item.follow_ups)
+    lesson_two = [
+        seeing_model.with_follow_ups(rng, example(rng), seeing_model.ANSWER_KINDS) for _ in range(300)
+    ]
+    assert not {kind for item in lesson_two for kind, _, _ in item.follow_ups} & set(shapes.NAMED_KINDS)
+
+
+def test_a_conversation_with_follow_ups_learns_from_every_answer_and_from_no_question():
+    """The batch's labels: in a conversation with follow-ups, every answer from the first
+    question's on (and its end token), and nothing else; in one without, its one answer, as
+    before follow-ups were taught."""
+    from transformers import AutoProcessor
+
+    from app.catalog.cards import load_cards
+
+    folder = Path(__file__).resolve().parent.parent / "static" / "seeing-model"
+    processor = AutoProcessor.from_pretrained(folder)
+    processor.tokenizer.padding_side = "right"
+    card = seeing_model.seeing_card(load_cards()[seeing_model.BASE_CARD], folder)
+    rng = random.Random(5)
+    items = [seeing_model.with_follow_ups(rng, example(rng), seeing_model.KINDS) for _ in range(32)]
+    assert 5 < sum(bool(item.follow_ups) for item in items) < 32
+    batch = seeing_model.model_inputs(processor, card, items, rng)
+    for row, item in enumerate(items):
+        labelled = (batch["labels"][row] != -100).nonzero().flatten().tolist()
+        runs = [[labelled[0]]]
+        for position in labelled[1:]:
+            if position == runs[-1][-1] + 1:
+                runs[-1].append(position)
+            else:
+                runs.append([position])
+        learned = [processor.tokenizer.decode(batch["input_ids"][row, run]) for run in runs]
+        answers = [item.answer, *(answer for _, _, answer in item.follow_ups)]
+        if item.earlier is not None:
+            answers = [item.answer]  # an earlier turn's answer is not learned from
+        assert learned == [f"{answer}<|im_end|>" for answer in answers]

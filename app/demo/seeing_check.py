@@ -15,15 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from app.demo.seeing_model import ANSWER_TOKENS, ask, right_answer
+from app.demo.seeing_model import ask, compared, right_answer, streamed_answer
 from app.demo.shapes import BACKGROUND, COLOURS, SHAPES, Drawn, Scene, description, tidy_picture
 from app.domain.conversation import Session, engine_messages, make_turn
 from app.domain.replies import Reply
-from app.engines.base import SamplingSettings, StreamEnd, TextDelta
 from app.engines.manager import EngineManager
 from app.media.grounding import parse_qwen_json
 from app.media.loading import VideoDecoderPool
@@ -152,19 +150,6 @@ EARLIER_IN_A_CHAT = {
 ASKED_AS = {"readme": "count", "row count": "count", "row describe": "describe"}
 
 
-async def streamed_answer(manager: EngineManager, key: str, messages: list[dict[str, Any]]) -> str:
-    """The model's greedy answer as streamed, kept in a chat as the app keeps it (`seeing_model.ask`
-    lowercases it to compare)."""
-    pieces = []
-    settings = SamplingSettings(temperature=0.0, max_tokens=ANSWER_TOKENS)
-    async for event in manager.stream(key, messages, settings):
-        if isinstance(event, TextDelta):
-            pieces.append(event.text)
-        elif isinstance(event, StreamEnd):
-            break
-    return "".join(pieces)
-
-
 async def answer_in_a_chat(
     manager: EngineManager, key: str, decoder: VideoDecoderPool, question: Question, frames: int = 8
 ) -> str:
@@ -183,7 +168,7 @@ async def answer_in_a_chat(
             messages = await engine_messages(kept, None, decoder, frames, clips)
             said = await streamed_answer(manager, key, messages)
             turn.reply = Reply(key, "seeing", "", answer=said)
-        return said.strip().rstrip(".").lower()  # compared as `seeing_model.ask`'s answers are
+        return compared(said)
     finally:
         session.close()
 

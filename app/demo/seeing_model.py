@@ -97,6 +97,14 @@ BOXES_WEIGHTS = {**NAMED_WEIGHTS, "count": 5, "bigger": 4, "colour of": 4}
 # Lesson two's kinds: lesson three's named kinds came later, and lesson two draws as it did
 # before them (the same questions, the same vocabulary, the same weights from the seed).
 ANSWER_KINDS = tuple(kind for kind in KINDS if kind not in NAMED_KINDS)
+# Lesson two's seed: it starts from the weights as served, as lessons three and four do, so that it
+# can be run again on a saved model's tower (`train_after_vision`).
+ANSWERS_SEED = SEED + 5
+# How many follow-up questions come after a question about one picture with no earlier turn in
+# lessons two to four (drawn from these): visitors ask several questions about the picture they
+# sent, and taught one question a conversation, run Z answered a chat's third question about a
+# picture far less often right than its first (counts 4 of 25 against 21; docs/BENCHMARKS.md).
+FOLLOW_UPS = (1, 2, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -251,17 +259,25 @@ def train(folder: Path, base: ModelCard, steps: Steps, report: Callable[[str], N
     model = Qwen3VLForConditionalGeneration(config)
     rng = random.Random(SEED)  # noqa: S311 (training data, seeded to be reproducible)
     teach_vision(model, processor, rng, steps.vision, report)
-    teach_answers(model, processor, card, rng, steps.answers, report)
-    # Lessons three and four start from the weights as they are served (bfloat16), each with a
-    # seed of its own: either can be run again from a model saved before it.
+    train_after_vision(model, processor, card, steps, report)
+    # Saved in bfloat16, the type vLLM serves it in on the CPU: half the size on disk.
+    model.to(torch.bfloat16).save_pretrained(folder)
+
+
+def train_after_vision(
+    model: Any, processor: Any, card: ModelCard, steps: Steps, report: Callable[[str], None]
+) -> None:
+    """Lessons two to four. Each starts from the weights as they are served (bfloat16) with a
+    seed of its own, so that any of them can be run again from a model saved before it (lesson
+    two: on a saved model's tower, `scripts/train_seeing_model.py --second-lesson-from`)."""
+    as_served(model)
+    teach_answers(model, processor, card, random.Random(ANSWERS_SEED), steps.answers, report)  # noqa: S311
     if steps.named:
         as_served(model)
         teach_named(model, processor, card, random.Random(NAMED_SEED), steps.named, report)  # noqa: S311
     if steps.boxes:
         as_served(model)
         teach_boxes(model, processor, card, random.Random(BOXES_SEED), steps.boxes, report)  # noqa: S311
-    # Saved in bfloat16, the type vLLM serves it in on the CPU: half the size on disk.
-    model.to(torch.bfloat16).save_pretrained(folder)
 
 
 def as_served(model: Any) -> None:
@@ -335,6 +351,12 @@ def token_labels(found: shapes.Scene, rows: int, columns: int) -> dict[str, list
     return labels
 
 
+def taught_in_vision_lesson(name: str) -> bool:
+    """Whether the vision tower's part `name` learns in lesson one: all but the DeepStack merger,
+    which the later lessons teach."""
+    return not name.startswith("deepstack")
+
+
 def lesson_scene(rng: random.Random) -> shapes.Scene:
     """A picture for the vision lesson: one shape half the time, else one to three."""
     count = 1 if rng.random() < 0.5 else rng.randint(1, 3)
@@ -353,7 +375,7 @@ def teach_vision(
     visual = model.model.visual
     width = model.config.text_config.hidden_size
     probes = torch.nn.ModuleDict({name: torch.nn.Linear(width, size) for name, size in PROBES.items()})
-    parameters = [p for name, p in visual.named_parameters() if not name.startswith("deepstack")]
+    parameters = [p for name, p in visual.named_parameters() if taught_in_vision_lesson(name)]
     parameters += list(probes.parameters())
     visual.train()
 
@@ -417,7 +439,9 @@ def teach_answers(
         return rng.choice(PLACE_KINDS) if progress < PLACES_FIRST else rng.choices(kinds, weights)[0]
 
     def draw(progress: float) -> Example:
-        return example(rng, kind_of(progress))
+        if progress < PLACES_FIRST:
+            return example(rng, kind_of(progress))
+        return with_follow_ups(rng, example(rng, kind_of(progress)), ANSWER_KINDS)
 
     teach_text("answers", model, processor, card, rng, draw, steps, ANSWER_LEARNING_RATE, report)
 
@@ -431,9 +455,19 @@ def teach_named(
     one of those."""
 
     def draw(progress: float) -> Example:
-        return mixed_question(rng, rng.choice(NAMED_KINDS) if progress < NAMED_ALONE else None)
+        item = mixed_question(rng, rng.choice(NAMED_KINDS) if progress < NAMED_ALONE else None)
+        return with_follow_ups(rng, item, KINDS)
 
     teach_text("named", model, processor, card, rng, draw, steps, NAMED_LEARNING_RATE, report)
+
+
+def with_follow_ups(rng: random.Random, item: Example, kinds: tuple[str, ...]) -> Example:
+    """`item`, where it is a question about one picture with no earlier turn, followed by one to
+    three more about the same picture (`FOLLOW_UPS`) of other kinds among `kinds`, whose answers
+    are learned from too (`model_inputs`)."""
+    if item.earlier is None and item.scene is not None and len(item.images) == 1:
+        item.follow_ups = shapes.follow_ups(rng, item, rng.choice(FOLLOW_UPS), kinds)
+    return item
 
 
 def mixed_question(
@@ -457,7 +491,8 @@ def teach_boxes(
     are written (`pointing_loss`). Attention weights are only given by the eager implementation."""
 
     def draw(progress: float) -> Example:
-        return example(rng, "box") if rng.random() < BOXES_SHARE else mixed_question(rng, None, BOXES_WEIGHTS)
+        item = example(rng, "box") if rng.random() < BOXES_SHARE else mixed_question(rng, None, BOXES_WEIGHTS)
+        return with_follow_ups(rng, item, KINDS)
 
     model.set_attn_implementation("eager")
     teach_text("boxes", model, processor, card, rng, draw, steps, NAMED_LEARNING_RATE, report, pointing=True)
@@ -491,7 +526,9 @@ def pointing_loss(
         looked_at = [p for p, s in zip(pictured, samples, strict=True) if token_owner(s) == named]
         if not looked_at:
             continue
-        answer = (batch["labels"][row] != -100).nonzero().flatten().tolist()
+        labelled = (batch["labels"][row] != -100).nonzero().flatten().tolist()
+        # The box is the first answer learned from; follow-ups' answers come after it.
+        answer = [p for i, p in enumerate(labelled) if p - i == labelled[0]]
         pieces = [tokenizer.decode([ids[position]]) for position in answer]
         opening = next(i for i, piece in enumerate(pieces) if "[" in piece and i > 0)
         closing = next(i for i in range(opening + 1, len(pieces)) if "]" in pieces[i])
@@ -521,7 +558,7 @@ def teach_text(
     visual.requires_grad_(TOWER_SHARE > 0)
     visual.deepstack_merger_list.requires_grad_(True)
     model.train()
-    tower = [p for name, p in visual.named_parameters() if not name.startswith("deepstack")]
+    tower = [p for name, p in visual.named_parameters() if taught_in_vision_lesson(name)]
     rest = [
         p
         for name, p in model.named_parameters()
@@ -655,12 +692,23 @@ def conversation(item: Example, rng: random.Random | None = None) -> list[dict[s
         metadata = clip_metadata(rng or random.Random(len(item.clip)), len(item.clip))  # noqa: S311
         parts.append({"type": "video", "video": (item.clip, metadata)})
     messages.append({"role": "user", "content": [*parts, {"type": "text", "text": item.question}]})
+    answer = item.answer
+    for _, question, later_answer in item.follow_ups:
+        messages.append({"role": "assistant", "content": answer})
+        messages.append({"role": "user", "content": [{"type": "text", "text": question}]})
+        answer = later_answer
     return messages
+
+
+def last_answer(item: Example) -> str:
+    """The answer `conversation(item)` asks for: the last follow-up's, or the question's."""
+    return item.follow_ups[-1][2] if item.follow_ups else item.answer
 
 
 def model_inputs(processor: Any, card: ModelCard, items: list[Example], rng: random.Random) -> dict[str, Any]:
     """A training batch: each conversation rendered by the card's prompt format (as the app
-    renders it for the engine) with its answer, loss on the answer only."""
+    renders it for the engine) with its answer, loss on the answers only: the last one's, and
+    in a conversation with follow-ups every answer from the first question's on (`answer_spans`)."""
     import torch
 
     from app.catalog.adapters import render
@@ -668,7 +716,7 @@ def model_inputs(processor: Any, card: ModelCard, items: list[Example], rng: ran
     texts, images, videos, metadata, answer_lengths = [], [], [], [], []
     for item in items:
         rendered = render(card, conversation(item, rng))
-        answer = f"{item.answer}<|im_end|>"
+        answer = f"{last_answer(item)}<|im_end|>"
         texts.append(rendered.prompt + answer)
         images += rendered.images
         for frames, clip_metadata_ in rendered.videos:
@@ -680,23 +728,52 @@ def model_inputs(processor: Any, card: ModelCard, items: list[Example], rng: ran
         text=texts, images=images or None, videos=videos or None, padding=True, return_tensors="pt", **extra
     )
     labels = torch.full_like(batch["input_ids"], -100)
-    for row, length in enumerate(answer_lengths):
+    opening = processor.tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    closing = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for row, (item, length) in enumerate(zip(items, answer_lengths, strict=True)):
         end = int(batch["attention_mask"][row].sum())
         labels[row, end - length : end] = batch["input_ids"][row, end - length : end]
+        if item.follow_ups:
+            ids = batch["input_ids"][row, :end].tolist()
+            for start, stop in answer_spans(ids, opening, closing)[-1 - len(item.follow_ups) : -1]:
+                labels[row, start:stop] = batch["input_ids"][row, start:stop]
     batch["labels"] = labels
     return dict(batch)
 
 
-async def ask(manager: EngineManager, key: str, messages: list[dict[str, Any]]) -> str:
-    """The model's greedy answer to `messages` through the app's engine manager, stripped."""
-    answer = ""
+def answer_spans(ids: list[int], opening: list[int], closing: int) -> list[tuple[int, int]]:
+    """Where each assistant answer is in `ids` (start, end): from after the `opening` tokens to
+    the `closing` token, included."""
+    spans = []
+    for start in range(len(ids) - len(opening) + 1):
+        if ids[start : start + len(opening)] == opening:
+            first = start + len(opening)
+            stop = next((i + 1 for i in range(first, len(ids)) if ids[i] == closing), len(ids))
+            spans.append((first, stop))
+    return spans
+
+
+async def streamed_answer(manager: EngineManager, key: str, messages: list[dict[str, Any]]) -> str:
+    """The model's greedy answer to `messages` through the app's engine manager, as streamed (as
+    a chat keeps it)."""
+    pieces = []
     settings = SamplingSettings(temperature=0.0, max_tokens=ANSWER_TOKENS)
     async for event in manager.stream(key, messages, settings):
         if isinstance(event, TextDelta):
-            answer += event.text
+            pieces.append(event.text)
         elif isinstance(event, StreamEnd):
             break
+    return "".join(pieces)
+
+
+def compared(answer: str) -> str:
+    """An answer as it is compared with the truth (`right_answer`): stripped, no full stop, lower case."""
     return answer.strip().rstrip(".").lower()
+
+
+async def ask(manager: EngineManager, key: str, messages: list[dict[str, Any]]) -> str:
+    """The model's greedy answer to `messages` through the app's engine manager, as compared."""
+    return compared(await streamed_answer(manager, key, messages))
 
 
 BOX_NUMBERS = re.compile(r'"bbox_2d":\s*\[\s*(\d+),\s*(\d+),\s*(\d+),\s*(\d+)\s*\]')

@@ -21,6 +21,7 @@ import io
 import itertools
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -110,14 +111,16 @@ class Placed:
 @dataclass
 class Scene:
     """A drawn picture and what is in it: each shape, where it is (its box in pixels: left,
-    top, right, bottom), the background's word, and `owner` (height, width: 0 for background,
-    i + 1 where shape i covers the pixel, outlined shapes counted as filled)."""
+    top, right, bottom), the background's word, `owner` (height, width: 0 for background,
+    i + 1 where shape i covers the pixel, outlined shapes counted as filled) and the kind of
+    background drawn (one of `BACKDROPS`)."""
 
     image: Image.Image
     shapes: list[Drawn]
     boxes: list[tuple[float, float, float, float]]
     background: str
     owner: np.ndarray
+    backdrop: str = "white"
 
     def centre(self, index: int) -> tuple[float, float]:
         """Shape `index`'s centre as shares of the picture's width and height."""
@@ -343,7 +346,7 @@ def scene(
         buffer = io.BytesIO()
         image.save(buffer, "JPEG", quality=jpeg)
         image = Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
-    return Scene(image, list(shapes), boxes, word, owner)
+    return Scene(image, list(shapes), boxes, word, owner, kind)
 
 
 def footprint(shape: str, placed: Placed, line: float, width: int, height: int) -> Image.Image:
@@ -591,9 +594,9 @@ PLACE_PHRASES = {
 
 @dataclass
 class Example:
-    """A conversation's last question about its media, and the answer. `images` go in the last
-    turn; `earlier` is an earlier turn's (images, question, answer), if any (a follow-up's last
-    turn has no images: it asks about the earlier turn's). `scene` is the last picture's."""
+    """A conversation's question about its media, and the answer. `images` go in its turn;
+    `earlier` is an earlier turn's (images, question, answer), if any (a follow-up's turn has no
+    images: it asks about the earlier turn's). `scene` is the last picture's."""
 
     kind: str
     question: str
@@ -602,6 +605,10 @@ class Example:
     clip: np.ndarray | None = None  # (frames, height, width, 3) uint8
     earlier: tuple[list[Image.Image], str, str] | None = None
     scene: Scene | None = None
+    # Later questions about the same picture in the same conversation, each (kind, question,
+    # answer), asked after this one's answer (`follow_ups`): `question` and `answer` stay the
+    # first's.
+    follow_ups: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 def wording(rng: random.Random, question: str) -> str:
@@ -850,3 +857,74 @@ def example(rng: random.Random, kind: str | None = None) -> Example:
     # A question outside its world, with a picture or without.
     images = [lone(rng).image] if rng.random() < 0.7 else []
     return Example(kind, ask(rng, kind), OUTSIDE, images)
+
+
+def follow_ups(
+    rng: random.Random, item: Example, count: int, kinds: tuple[str, ...]
+) -> list[tuple[str, str, str]]:
+    """Up to `count` more questions about `item`'s picture, each (kind, question, answer), of kinds
+    among `kinds` other than `item`'s and each other's, and only where the picture has one clear
+    answer: a shape's colour, kind, side and place where it is alone, the bigger of two clearly
+    different in size, a box where no two shapes are alike, the background's colour where the
+    page's word is fixed, the colour or kind of a shape named by the other where the name is its
+    alone. Visitors ask several questions about the picture they sent."""
+    found = item.scene
+    if found is None:
+        return []
+    drawn = found.shapes
+    answers: dict[str, Callable[[], tuple[str, str]]] = {
+        "count": lambda: (ask(rng, "count"), COUNTS[len(drawn)]),
+    }
+    colours = list(COLOURS)
+
+    def colour_count() -> tuple[str, str]:
+        asked = rng.choice([d.colour for d in drawn]) if rng.random() < 0.85 else rng.choice(colours)
+        return ask(rng, "colour count", colour=asked), COUNTS[sum(d.colour == asked for d in drawn)]
+
+    answers["colour count"] = colour_count
+    if len(drawn) == 1:
+        x, y = found.centre(0)
+        answers["colour"] = lambda: (ask(rng, "colour"), drawn[0].colour)
+        answers["shape"] = lambda: (ask(rng, "shape"), drawn[0].shape)
+        side, where = side_of(x), place_of(x, y)
+        if side is not None:
+            answers["side"] = lambda: (ask(rng, "side"), side)
+        if where is not None:
+            answers["where"] = lambda: (ask(rng, "where"), where)
+    if len(drawn) == 2:
+        areas = [found.area(0), found.area(1)]
+        if max(areas) >= 1.6 * min(areas):
+            bigger = drawn[int(areas[1] > areas[0])]
+            answers["bigger"] = lambda: (ask(rng, "bigger"), f"the {bigger.colour} {bigger.shape}")
+    if found.backdrop in BACKDROP_WORDS:
+        answers["background"] = lambda: (ask(rng, "background"), found.background)
+    sentence = description(found)
+    if sentence is not None:
+        answers["describe"] = lambda: (ask(rng, "describe"), sentence)
+    if len({(d.colour, d.shape) for d in drawn}) == len(drawn):
+
+        def box() -> tuple[str, str]:
+            index = rng.randrange(len(drawn))
+            named = drawn[index]
+            return ask(rng, "box", colour=named.colour, shape=named.shape), box_answer(found, index)
+
+        answers["box"] = box
+    alone_by_kind = [d for d in drawn if sum(o.shape == d.shape for o in drawn) == 1]
+    alone_by_colour = [d for d in drawn if sum(o.colour == d.colour for o in drawn) == 1]
+    if alone_by_kind:
+
+        def colour_of() -> tuple[str, str]:
+            named = rng.choice(alone_by_kind)
+            return ask(rng, "colour of", shape=named.shape), named.colour
+
+        answers["colour of"] = colour_of
+    if alone_by_colour:
+
+        def shape_of() -> tuple[str, str]:
+            named = rng.choice(alone_by_colour)
+            return ask(rng, "shape of", colour=named.colour), named.shape
+
+        answers["shape of"] = shape_of
+    open_kinds = [kind for kind in kinds if kind in answers and kind != item.kind]
+    chosen = rng.sample(open_kinds, min(count, len(open_kinds)))
+    return [(kind, *answers[kind]()) for kind in chosen]
