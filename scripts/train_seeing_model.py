@@ -199,7 +199,9 @@ def later_lesson(lesson: str, source: Path, out: Path, steps: Steps) -> None:
             for name, value in saved.model.visual.state_dict().items()
             if seeing_model.taught_in_vision_lesson(name)
         }
-        model.model.visual.load_state_dict(tower, strict=False)
+        missing, unexpected = model.model.visual.load_state_dict(tower, strict=False)
+        if unexpected or any(seeing_model.taught_in_vision_lesson(name) for name in missing):
+            raise RuntimeError(f"the tower in {source} is not this recipe's: {unexpected or missing}")
         seeing_model.train_after_vision(model, processor, card, steps, report)
     if lesson == "named":
         rng = random.Random(seeing_model.NAMED_SEED)  # noqa: S311 (training data, seeded)
@@ -271,6 +273,9 @@ def main() -> None:
             if recipe.key != seeing_model.SEEING_KEY:
                 parser.error("only the first model's later lessons can be run on their own")
             lesson, source = next((lesson, source) for lesson, source in later.items() if source)
+            if source.resolve() == out.resolve():
+                # `out` is emptied first: the model to start from would be deleted.
+                parser.error(f"--out must be another folder than {source}")
             shutil.rmtree(out, ignore_errors=True)
             later_lesson(lesson, source, out, steps)
             print(f"{lesson} lesson on in {time.monotonic() - started:.0f} s into {out}", flush=True)

@@ -94,8 +94,8 @@ REWORDED = 0.5
 # question in thirty (docs/BENCHMARKS.md). Nothing changes at inference: still a plain Qwen3-VL.
 BOXES_SEED, BOXES_SHARE, POINTING_HEADS = SEED + 4, 1 / 3, ((2, 0), (3, 0))
 BOXES_WEIGHTS = {**NAMED_WEIGHTS, "count": 5, "bigger": 4, "colour of": 4}
-# Lesson two's kinds: lesson three's named kinds came later, and lesson two draws as it did
-# before them (the same questions, the same vocabulary, the same weights from the seed).
+# Lesson two's kinds: lesson three's named kinds came later, and lesson two asks only the kinds
+# it asked before them (the vocabulary, too, is made from these kinds' questions).
 ANSWER_KINDS = tuple(kind for kind in KINDS if kind not in NAMED_KINDS)
 # Lesson two's seed: it starts from the weights as served, as lessons three and four do, so that it
 # can be run again on a saved model's tower (`train_after_vision`).

@@ -865,9 +865,11 @@ def follow_ups(
     """Up to `count` more questions about `item`'s picture, each (kind, question, answer), of kinds
     among `kinds` other than `item`'s and each other's, and only where the picture has one clear
     answer: a shape's colour, kind, side and place where it is alone, the bigger of two clearly
-    different in size, a box where no two shapes are alike, the background's colour where the
-    page's word is fixed, the colour or kind of a shape named by the other where the name is its
-    alone. Visitors ask several questions about the picture they sent."""
+    different in size (named by colour and kind, as the bigger question's answer is: where the two
+    are alike, that names both, still true of the bigger), a box where no two shapes are alike,
+    the background's colour where the page's word is fixed, the colour or kind of a shape named by
+    the other where the name is its alone. Visitors ask several questions about the picture they
+    sent."""
     found = item.scene
     if found is None:
         return []
