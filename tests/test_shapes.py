@@ -328,7 +328,7 @@ def test_every_kind_follows_up_and_lesson_two_keeps_to_its_own_kinds():
     assert followed == set(ONE_PICTURE_KINDS)
     # Only a question about one picture with no earlier turn is followed up.
     assert all(len(item.images) == 1 and item.earlier is None for item in items if item.follow_ups)
-    assert all(len(item.follow_ups) in seeing_model.FOLLOW_UPS for item in items if item.follow_ups)
+    assert {len(item.follow_ups) for item in items if item.follow_ups} == set(seeing_model.FOLLOW_UPS)
     lesson_two = [
         seeing_model.with_follow_ups(rng, example(rng), seeing_model.ANSWER_KINDS) for _ in range(300)
     ]
