@@ -658,6 +658,22 @@ def box_answer(found: Scene, index: int) -> str:
     return f'[{{"bbox_2d": [{", ".join(map(str, numbers))}], "label": "{drawn.colour} {drawn.shape}"}}]'
 
 
+def box_question(rng: random.Random, found: Scene) -> tuple[str, str]:
+    """A box question about one of the picture's shapes, drawn at random, and its answer."""
+    index = rng.randrange(len(found.shapes))
+    named = found.shapes[index]
+    return ask(rng, "box", colour=named.colour, shape=named.shape), box_answer(found, index)
+
+
+def clearly_bigger(found: Scene) -> Drawn | None:
+    """The bigger of the picture's two shapes where its area (a triangle's is half a square's of
+    its size) is 1.6 times the other's; None where it is not, or the picture has not two."""
+    if len(found.shapes) != 2:
+        return None
+    areas = [found.area(0), found.area(1)]
+    return found.shapes[int(areas[1] > areas[0])] if max(areas) >= 1.6 * min(areas) else None
+
+
 def description(found: Scene) -> str | None:
     """ "A red circle on the left and a blue square on the right.": the shapes from left to right
     (or top to bottom, where they are one above another), each with its place; None where the
@@ -804,9 +820,8 @@ def example(rng: random.Random, kind: str | None = None) -> Example:
             small = rng.uniform(0.15, 0.3)
             drawn = random_shapes(rng, 2, distinct=True)
             found = scene(rng, drawn, sizes=[small, min(0.6, small * rng.uniform(1.5, 2.8))])
-            areas = [found.area(0), found.area(1)]
-            if max(areas) >= 1.6 * min(areas):
-                bigger = drawn[int(areas[1] > areas[0])]
+            bigger = clearly_bigger(found)
+            if bigger is not None:
                 answer = f"the {bigger.colour} {bigger.shape}"
                 return Example(kind, ask(rng, kind), answer, [found.image], scene=found)
     if kind == "background":
@@ -826,10 +841,7 @@ def example(rng: random.Random, kind: str | None = None) -> Example:
                 return Example(kind, ask(rng, kind), sentence, [found.image], scene=found)
     if kind == "box":
         found = scene(rng, random_shapes(rng, rng.randint(1, 3), distinct=True))
-        index = rng.randrange(len(found.shapes))
-        named = found.shapes[index]
-        question = ask(rng, kind, colour=named.colour, shape=named.shape)
-        return Example(kind, question, box_answer(found, index), [found.image], scene=found)
+        return Example(kind, *box_question(rng, found), [found.image], scene=found)
     if kind in NAMED_KINDS:
         # Named by what no other shape in the picture shares: its kind for its colour, its colour
         # for its kind.
@@ -893,24 +905,16 @@ def follow_ups(
             answers["side"] = lambda: (ask(rng, "side"), side)
         if where is not None:
             answers["where"] = lambda: (ask(rng, "where"), where)
-    if len(drawn) == 2:
-        areas = [found.area(0), found.area(1)]
-        if max(areas) >= 1.6 * min(areas):
-            bigger = drawn[int(areas[1] > areas[0])]
-            answers["bigger"] = lambda: (ask(rng, "bigger"), f"the {bigger.colour} {bigger.shape}")
+    bigger = clearly_bigger(found)
+    if bigger is not None:
+        answers["bigger"] = lambda: (ask(rng, "bigger"), f"the {bigger.colour} {bigger.shape}")
     if found.backdrop in BACKDROP_WORDS:
         answers["background"] = lambda: (ask(rng, "background"), found.background)
     sentence = description(found)
     if sentence is not None:
         answers["describe"] = lambda: (ask(rng, "describe"), sentence)
     if len({(d.colour, d.shape) for d in drawn}) == len(drawn):
-
-        def box() -> tuple[str, str]:
-            index = rng.randrange(len(drawn))
-            named = drawn[index]
-            return ask(rng, "box", colour=named.colour, shape=named.shape), box_answer(found, index)
-
-        answers["box"] = box
+        answers["box"] = lambda: box_question(rng, found)
     alone_by_kind = [d for d in drawn if sum(o.shape == d.shape for o in drawn) == 1]
     alone_by_colour = [d for d in drawn if sum(o.colour == d.colour for o in drawn) == 1]
     if alone_by_kind:
