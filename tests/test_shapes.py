@@ -326,6 +326,11 @@ def test_every_kind_follows_up_and_lesson_two_keeps_to_its_own_kinds():
     items = [seeing_model.with_follow_ups(rng, example(rng), seeing_model.KINDS) for _ in range(600)]
     followed = {kind for item in items for kind, _, _ in item.follow_ups}
     assert followed == set(ONE_PICTURE_KINDS)
+    # Every one true of its picture, worked out again from its pixels (as in the property test
+    # above, here over the lessons' own mix of kinds).
+    for item in items:
+        for kind, question, answer in item.follow_ups:
+            assert holds_for(item.scene, kind, question, answer), (kind, question, answer)
     # Only a question about one picture with no earlier turn is followed up.
     assert all(len(item.images) == 1 and item.earlier is None for item in items if item.follow_ups)
     assert {len(item.follow_ups) for item in items if item.follow_ups} == set(seeing_model.FOLLOW_UPS)
