@@ -62,14 +62,14 @@ class RemoteEngine:
     @classmethod
     async def connect(cls, url: str, card: ModelCard) -> RemoteEngine:
         """Connects and finds the served model: the card's repository, or the server's only model."""
-        import httpx
-        from openai import AsyncOpenAI, OpenAIError
+        from openai import AsyncOpenAI, OpenAIError, Timeout
 
         client = AsyncOpenAI(
             base_url=url,
             api_key=os.environ.get("APP_REMOTE_API_KEY", "EMPTY"),
             max_retries=0,
-            timeout=httpx.Timeout(600.0, connect=CONNECT_TIMEOUT_S),
+            # openai's own Timeout: from 3.63 its client is httpx2's and refuses httpx's.
+            timeout=Timeout(600.0, connect=CONNECT_TIMEOUT_S),
         )
         try:
             served = [model.id async for model in client.models.list()]
@@ -180,18 +180,18 @@ class RemoteEngine:
 
     async def _is_one_token(self, string: str) -> bool | None:
         """Whether the server's tokenizer reads `string` as one token; None if it cannot say."""
-        import httpx
         from openai import OpenAIError
 
         root = self.url.rstrip("/").removesuffix("/v1")
         try:
-            response = await self._client.post(
+            # The body as JSON (a dict): not tied to the HTTP library openai's version uses.
+            answer = await self._client.post(
                 f"{root}/tokenize",
-                cast_to=httpx.Response,
+                cast_to=dict,
                 body={"model": self.served_model, "prompt": string, "add_special_tokens": False},
                 options={"timeout": TOKENIZE_DEADLINE_S},
             )
-            return len(response.json()["tokens"]) == 1
+            return len(answer["tokens"]) == 1
         except (OpenAIError, ValueError, KeyError, TypeError):
             return None  # a server without vLLM's /tokenize: broken apart, to be safe
 
