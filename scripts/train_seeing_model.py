@@ -25,7 +25,6 @@ import asyncio
 import dataclasses
 import gc
 import json
-import random
 import shutil
 import sys
 import tempfile
@@ -202,14 +201,7 @@ def later_lesson(lesson: str, source: Path, out: Path, steps: Steps) -> None:
         missing, unexpected = model.model.visual.load_state_dict(tower, strict=False)
         if unexpected or any(seeing_model.taught_in_vision_lesson(name) for name in missing):
             raise RuntimeError(f"the tower in {source} is not this recipe's: {unexpected or missing}")
-        seeing_model.train_after_vision(model, processor, card, steps, report)
-    if lesson == "named":
-        rng = random.Random(seeing_model.NAMED_SEED)  # noqa: S311 (training data, seeded)
-        seeing_model.teach_named(model, processor, card, rng, steps.named, report)
-    if lesson != "answers" and steps.boxes:
-        seeing_model.as_served(model)
-        rng = random.Random(seeing_model.BOXES_SEED)  # noqa: S311 (training data, seeded)
-        seeing_model.teach_boxes(model, processor, card, rng, steps.boxes, report)
+    seeing_model.train_after_vision(model, processor, card, steps, report, first=lesson)
     model.to(torch.bfloat16).save_pretrained(out)
     # The whole recipe writes its config before training; loading in float32 adds a dtype per part.
     shutil.copy(source / "config.json", out / "config.json")

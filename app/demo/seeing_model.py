@@ -265,19 +265,28 @@ def train(folder: Path, base: ModelCard, steps: Steps, report: Callable[[str], N
 
 
 def train_after_vision(
-    model: Any, processor: Any, card: ModelCard, steps: Steps, report: Callable[[str], None]
+    model: Any,
+    processor: Any,
+    card: ModelCard,
+    steps: Steps,
+    report: Callable[[str], None],
+    first: str = "answers",
 ) -> None:
-    """Lessons two to four. Each starts from the weights as they are served (bfloat16) with a
-    seed of its own, so that any of them can be run again from a model saved before it (lesson
-    two: on a saved model's tower, `scripts/train_seeing_model.py --second-lesson-from`)."""
-    as_served(model)
-    teach_answers(model, processor, card, random.Random(ANSWERS_SEED), steps.answers, report)  # noqa: S311
-    if steps.named:
-        as_served(model)
-        teach_named(model, processor, card, random.Random(NAMED_SEED), steps.named, report)  # noqa: S311
-    if steps.boxes:
-        as_served(model)
-        teach_boxes(model, processor, card, random.Random(BOXES_SEED), steps.boxes, report)  # noqa: S311
+    """Lessons two to four from `first` on ("answers", "named" or "boxes"), those with steps.
+    Each starts from the weights as they are served (bfloat16) with a seed of its own, so that any
+    of them can be run again from a model saved before it (`scripts/train_seeing_model.py
+    --second-lesson-from`, on a saved model's tower; `--third-lesson-from`, `--fourth-lesson-from`)."""
+    lessons = {
+        "answers": (teach_answers, ANSWERS_SEED),
+        "named": (teach_named, NAMED_SEED),
+        "boxes": (teach_boxes, BOXES_SEED),
+    }
+    names = list(lessons)
+    for lesson in names[names.index(first) :]:
+        teach, seed = lessons[lesson]
+        if getattr(steps, lesson):
+            as_served(model)
+            teach(model, processor, card, random.Random(seed), getattr(steps, lesson), report)  # noqa: S311
 
 
 def as_served(model: Any) -> None:

@@ -631,8 +631,19 @@ def random_shapes(rng: random.Random, count: int, distinct: bool = False) -> lis
     """`count` random shapes; `distinct`: no two alike in both colour and kind."""
     while True:
         drawn = [Drawn(rng.choice(list(COLOURS)), rng.choice(SHAPES)) for _ in range(count)]
-        if not distinct or len({(d.colour, d.shape) for d in drawn}) == count:
+        if not distinct or all_different(drawn):
             return drawn
+
+
+def all_different(drawn: list[Drawn]) -> bool:
+    """Whether no two of `drawn` are alike in both colour and kind."""
+    return len({(d.colour, d.shape) for d in drawn}) == len(drawn)
+
+
+def colour_to_count(rng: random.Random, likely: list[str]) -> str:
+    """The colour a count of a colour asks about: mostly one of `likely` (those in the picture),
+    now and then any, so that "none" is an answer too."""
+    return rng.choice(likely) if rng.random() < 0.85 else rng.choice(list(COLOURS))
 
 
 def lone(rng: random.Random, where: str | None = None) -> Scene:
@@ -771,18 +782,25 @@ def about(rng: random.Random, kind: str) -> tuple[Scene, dict[str, str]]:
     a colour or shape question's anywhere."""
     where = {"side": f"{rng.choice(SIDES)} side", "where": rng.choice(PLACES)}.get(kind, "")
     found = lone(rng, where or None)
-    drawn = found.shapes[0]
-    answers = {"colour": drawn.colour, "shape": drawn.shape}
-    x, y = found.centre(0)
-    for name, value in (("side", side_of(x)), ("where", place_of(x, y))):
-        if value is not None:
-            answers[name] = value
+    answers = lone_answers(found)
     # Where it was put (its centre as drawn; a tilted triangle's box is a little off it).
     if kind == "side":
         answers["side"] = where.removesuffix(" side")
     elif kind == "where":
         answers["where"] = where
     return found, answers
+
+
+def lone_answers(found: Scene) -> dict[str, str]:
+    """A picture of one shape's answers to a colour, shape, side and where question; side and
+    where only where its centre is clearly at one."""
+    drawn = found.shapes[0]
+    answers = {"colour": drawn.colour, "shape": drawn.shape}
+    x, y = found.centre(0)
+    for name, value in (("side", side_of(x)), ("where", place_of(x, y))):
+        if value is not None:
+            answers[name] = value
+    return answers
 
 
 def example(rng: random.Random, kind: str | None = None) -> Example:
@@ -810,7 +828,7 @@ def example(rng: random.Random, kind: str | None = None) -> Example:
     if kind == "colour count":
         palette = rng.sample(colours, rng.randint(1, 3))
         drawn = [Drawn(rng.choice(palette), rng.choice(SHAPES)) for _ in range(rng.randint(1, 3))]
-        asked = rng.choice(palette) if rng.random() < 0.85 else rng.choice(colours)
+        asked = colour_to_count(rng, palette)
         found = scene(rng, drawn)
         answer = COUNTS[sum(d.colour == asked for d in drawn)]
         return Example(kind, ask(rng, kind, colour=asked), answer, [found.image], scene=found)
@@ -889,22 +907,15 @@ def follow_ups(
     answers: dict[str, Callable[[], tuple[str, str]]] = {
         "count": lambda: (ask(rng, "count"), COUNTS[len(drawn)]),
     }
-    colours = list(COLOURS)
 
     def colour_count() -> tuple[str, str]:
-        asked = rng.choice([d.colour for d in drawn]) if rng.random() < 0.85 else rng.choice(colours)
+        asked = colour_to_count(rng, [d.colour for d in drawn])
         return ask(rng, "colour count", colour=asked), COUNTS[sum(d.colour == asked for d in drawn)]
 
     answers["colour count"] = colour_count
     if len(drawn) == 1:
-        x, y = found.centre(0)
-        answers["colour"] = lambda: (ask(rng, "colour"), drawn[0].colour)
-        answers["shape"] = lambda: (ask(rng, "shape"), drawn[0].shape)
-        side, where = side_of(x), place_of(x, y)
-        if side is not None:
-            answers["side"] = lambda: (ask(rng, "side"), side)
-        if where is not None:
-            answers["where"] = lambda: (ask(rng, "where"), where)
+        for lone_kind, truth in lone_answers(found).items():
+            answers[lone_kind] = lambda lone_kind=lone_kind, truth=truth: (ask(rng, lone_kind), truth)
     bigger = clearly_bigger(found)
     if bigger is not None:
         answers["bigger"] = lambda: (ask(rng, "bigger"), f"the {bigger.colour} {bigger.shape}")
@@ -913,7 +924,7 @@ def follow_ups(
     sentence = description(found)
     if sentence is not None:
         answers["describe"] = lambda: (ask(rng, "describe"), sentence)
-    if len({(d.colour, d.shape) for d in drawn}) == len(drawn):
+    if all_different(drawn):
         answers["box"] = lambda: box_question(rng, found)
     alone_by_kind = [d for d in drawn if sum(o.shape == d.shape for o in drawn) == 1]
     alone_by_colour = [d for d in drawn if sum(o.colour == d.colour for o in drawn) == 1]
