@@ -36,6 +36,8 @@ def start_app(tmp_path: Path) -> tuple[subprocess.Popen, str]:
         # temporary one, to a short folder of their own (`socket_folder_of` finds them).
         "APP_DEMO_DIR": str(tmp_path / "demo"),
         "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        # Its own temporary folder, so that what the app leaves there at exit can be seen.
+        "TMPDIR": str(temporary_folder(tmp_path)),
     }
     log = (tmp_path / "app.log").open("w")
     app = subprocess.Popen(
@@ -49,6 +51,12 @@ def start_app(tmp_path: Path) -> tuple[subprocess.Popen, str]:
                 return app, url
         time.sleep(0.5)
     raise AssertionError(f"no page in {START_TIMEOUT_S} s:\n{log_of(tmp_path)}")
+
+
+def temporary_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "tmp"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 def log_of(tmp_path: Path) -> str:
@@ -111,6 +119,9 @@ def test_a_signal_mid_answer_stops_the_engines_and_leaves_nothing_behind(
         left = [process for process in left if alive(process)]
         assert not left, f"left running: {[(p.pid, p.name()) for p in left]}\n{log_of(tmp_path)}"
         assert not sockets_in(sockets), log_of(tmp_path)
+        # The leaderboard's exports are the app's own: its folder goes with it (it stayed before).
+        left_behind = sorted(path.name for path in temporary_folder(tmp_path).glob("vlm-playground-*"))
+        assert not left_behind, left_behind
         # The first engine's AsyncLLM is collected only as the interpreter exits (a traceback vLLM
         # stores on import keeps the worker frame that built it); its second shutdown there used
         # to print a TypeError traceback. None is printed now.

@@ -35,7 +35,9 @@ class LeaderboardView:
         self.playground = playground
         self.history = history
         # The exports are the same for every user: one file per modality, replaced atomically.
-        self.folder = Path(tempfile.mkdtemp(prefix="vlm-playground-leaderboard-"))
+        # The folder is removed when the view goes, at the latest as the server exits.
+        self._exports = tempfile.TemporaryDirectory(prefix="vlm-playground-leaderboard-")
+        self.folder = Path(self._exports.name)
 
     async def board(self, modality: str) -> dict[str, Any]:
         """The leaderboard as the API and the exports give it."""
