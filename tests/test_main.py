@@ -325,3 +325,25 @@ def test_vllm_sockets_fit_however_deep_the_apps_folder_is(tmp_path: Path):
             assert folder.stat().st_mode & 0o077 == 0
         shutil.rmtree(folder)
     assert folder != scratch
+
+
+def test_vllm_sockets_fit_where_the_systems_temporary_folder_is_deep_too(tmp_path: Path, monkeypatch):
+    """A deep folder for the app and a deep TMPDIR (a cluster job's, a test worker's): the
+    fallback under the system's temporary folder was too long as well, and every build failed."""
+    import tempfile
+    import uuid
+
+    from app.demo.models import use_local_vllm_environment
+
+    deep = tmp_path / ("deep-" * 20)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    environ: dict[str, str] = {}
+    use_local_vllm_environment(deep / "vllm", environ)
+    folder = Path(environ["VLLM_RPC_BASE_PATH"])
+    try:
+        with socket.socket(socket.AF_UNIX) as server:
+            server.bind(str(folder / str(uuid.uuid4())))  # as vLLM names its sockets
+        assert folder.stat().st_mode & 0o077 == 0  # a folder of its own, private to the app
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

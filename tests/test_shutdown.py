@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -28,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 180
 
 
-def start_app(tmp_path: Path, temporary: Path) -> tuple[subprocess.Popen, str]:
+def start_app(tmp_path: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {
         **os.environ,
@@ -39,8 +36,7 @@ def start_app(tmp_path: Path, temporary: Path) -> tuple[subprocess.Popen, str]:
         # temporary one, to a short folder of their own (`socket_folder_of` finds them).
         "APP_DEMO_DIR": str(tmp_path / "demo"),
         "XDG_CACHE_HOME": str(tmp_path / "cache"),
-        # Its own temporary folder, so that what the app leaves there at exit can be seen.
-        "TMPDIR": str(temporary),
+        "TMPDIR": str(temporary_folder(tmp_path)),
     }
     log = (tmp_path / "app.log").open("w")
     app = subprocess.Popen(
@@ -56,13 +52,12 @@ def start_app(tmp_path: Path, temporary: Path) -> tuple[subprocess.Popen, str]:
     raise AssertionError(f"no page in {START_TIMEOUT_S} s:\n{log_of(tmp_path)}")
 
 
-@pytest.fixture
-def temporary() -> Iterator[Path]:
-    """A temporary folder for the app: a short path, as the system's (vLLM's sockets may go in
-    it, and a socket's path may not pass 107 characters; a test worker's `tmp_path` is deeper)."""
-    folder = Path(tempfile.mkdtemp(prefix="vlm-shutdown-"))
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
+def temporary_folder(tmp_path: Path) -> Path:
+    """The app's TMPDIR, as deep as a test worker's: vLLM's sockets must still fit (the app
+    falls back to /tmp), and what the app leaves there at exit can be seen."""
+    folder = tmp_path / "tmp"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 def log_of(tmp_path: Path) -> str:
@@ -91,11 +86,11 @@ def sockets_in(folder: Path) -> list[Path]:
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_mid_answer_stops_the_engines_and_leaves_nothing_behind(
-    vllm_model_infos: Path, tmp_path: Path, temporary: Path, signum: int
+    vllm_model_infos: Path, tmp_path: Path, signum: int
 ):
     from gradio_client import Client
 
-    app, url = start_app(tmp_path, temporary)
+    app, url = start_app(tmp_path)
     children: list[psutil.Process] = []
     try:
         client = Client(url, verbose=False)
@@ -126,7 +121,7 @@ def test_a_signal_mid_answer_stops_the_engines_and_leaves_nothing_behind(
         assert not left, f"left running: {[(p.pid, p.name()) for p in left]}\n{log_of(tmp_path)}"
         assert not sockets_in(sockets), log_of(tmp_path)
         # The leaderboard's exports are the app's own: its folder goes with it (it stayed before).
-        left_behind = sorted(path.name for path in temporary.glob("vlm-playground-*"))
+        left_behind = sorted(path.name for path in temporary_folder(tmp_path).glob("vlm-playground-*"))
         assert not left_behind, left_behind
         # The first engine's AsyncLLM is collected only as the interpreter exits (a traceback vLLM
         # stores on import keeps the worker frame that built it); its second shutdown there used

@@ -143,14 +143,21 @@ ONEDNN_KERNELS_KEPT = 64
 SOCKET_FOLDER_MAX_BYTES = 107 - 37
 
 
+def fits_sockets(folder: Path) -> bool:
+    return len(os.fsencode(folder.resolve())) <= SOCKET_FOLDER_MAX_BYTES
+
+
 def socket_folder(scratch: Path) -> Path:
     """`scratch` where vLLM's socket names fit under it, else a private folder of the system's
-    temporary folder (a deep home, a long `APP_DEMO_DIR`, a test's own temporary folder)."""
-    if len(os.fsencode(scratch.resolve())) <= SOCKET_FOLDER_MAX_BYTES:
+    temporary folder (a deep home, a long `APP_DEMO_DIR`, a test's own temporary folder), or of
+    /tmp where that one is deep too (a cluster job's or a test worker's TMPDIR)."""
+    if fits_sockets(scratch):
         # vLLM binds its sockets here without making the folder.
         scratch.mkdir(parents=True, exist_ok=True)
         return scratch
-    folder = Path(tempfile.mkdtemp(prefix="vllm-"))
+    # mkdtemp's folder is named "vllm-" and 8 random characters, and only its owner may enter it.
+    deep = not fits_sockets(Path(tempfile.gettempdir()) / ("x" * 13))
+    folder = Path(tempfile.mkdtemp(prefix="vllm-", dir="/tmp" if deep else None))  # noqa: S108 (private)
     atexit.register(shutil.rmtree, folder, ignore_errors=True)  # the engines are gone by then
     return folder
 
