@@ -147,6 +147,8 @@ def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
             print(f"tidy rows of three, as the page's example picture ({pictures} pictures):")
             for kind, (right, count) in tally(asked, said).items():
                 print(f"  {kind:12} {right}/{count} = {right / count:.0%}")
+            for line in wrong_answers(asked, said):
+                print(f"  wrong: {line}")
             asked = [q for q in foreign_set(THIRD_HAND) if q.kind in recipe.foreign_kinds]
             said = await answers(manager, recipe.key, decoder, asked)
             print(f"a third hand ({THIRD_HAND.relative_to(ROOT)}), to choose between runs:")
