@@ -340,7 +340,16 @@ def test_the_history_sidebar_keeps_reopens_exports_and_deletes_conversations(
     poll(lambda: "again" in page.locator("#history-notice").inner_text())
     assert len(history_items(page)) == 2
     page.click("#history-delete")
-    poll(lambda: len(history_items(page)) == 1)
+    poll(
+        lambda: len(history_items(page)) == 1,
+        shown=lambda: repr(
+            {
+                "listed": history_items(page),
+                "notice": page.locator("#history-notice").inner_text(),
+                "stored": [s.title for s in history.list(browser_id(page))],
+            }
+        ),
+    )
     poll(lambda: user_messages(page) == 0)
     assert [s.title for s in history.list(browser_id(page))] == ["The second one"]
     shoot(page, "history.png")
@@ -532,7 +541,20 @@ def test_stop_in_the_arena_while_one_side_stalls_ends_both_shows_no_vote_and_the
         send(page, "Tell me a long story.", box="arena-input")
         poll(lambda: sum(factory.streamed[twin] for twin in twins) - streamed >= 16, 240)
         poll(lambda: any("waiting for its turn" in head.inner_text() for head in heads), 30)
-        page.locator("#arena-input button.stop-button").click()
+        stop = page.locator("#arena-input button.stop-button")
+        poll(
+            stop.is_visible,
+            30,
+            shown=lambda: repr(
+                {
+                    "heads": [head.inner_text() for head in heads],
+                    "send button": page.locator("#arena-input button.submit-button").is_visible(),
+                    "box": page.locator("#arena-input textarea").input_value(),
+                    "notice": page.inner_text("#arena-notice"),
+                }
+            ),
+        )
+        stop.click()
         poll(lambda: all("stopped" in head.inner_text().splitlines()[-1] for head in heads), 30)
         poll(lambda: sum(factory.streaming[twin] for twin in twins) == 0, 10)
         assert factory.endings[ended:] == ["closed"]  # the waiting side was never asked

@@ -197,6 +197,9 @@ def page_opener(
         contexts.append(context)
         page = context.new_page()
         page.set_default_timeout(120_000)
+        if throttle := float(os.environ.get("BROWSER_CPU_THROTTLE", "0")):
+            # A slower browser, to bring out the page's races (docs/TESTING.md).
+            context.new_cdp_session(page).send("Emulation.setCPUThrottlingRate", {"rate": throttle})
         page.goto(served[1])
         page.wait_for_selector("#chat-input textarea")
         return page
