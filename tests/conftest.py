@@ -108,11 +108,13 @@ def tiny_cards(vllm_model_infos: Path, tmp_path_factory: pytest.TempPathFactory)
 # one of these is an engine test, marked `slow` and `vllm` so that `make check` leaves it to
 # `make test` (a test may also be marked by hand).
 ENGINE_FIXTURES = {"loop", "tiny_cards", "vllm_model_infos"}
-# A test that drives Chromium runs once more after a failure (pytest-rerunfailures): about one
-# suite run in two on a busy machine failed one browser test, a different one each time, none
-# reproduced alone or under load (docs/TESTING.md). A failure that comes back on the rerun
-# fails the suite; one that does not is printed whole at the end (`pytest_terminal_summary`).
-BROWSER_RERUNS = 1
+# A test that drives Chromium runs once more after a wait of its ran out (pytest-rerunfailures):
+# about one suite run in two lately failed a browser test, a different one each time, none
+# reproduced (docs/TESTING.md). Only a wait is rerun (`poll`'s "not true within", Playwright's
+# TimeoutError): a plain assert about what the page or the server did fails at once. A failure
+# that comes back fails the suite; every first failure is printed at the end of the run
+# (`pytest_terminal_summary`), and the rerun starts from a quiet server (`quiet_before_a_rerun`).
+BROWSER_RERUNS, RERUN_ONLY = 1, [r"not true within", r"TimeoutError"]
 
 
 @pytest.hookimpl(wrapper=True)
@@ -123,7 +125,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
             item.add_marker(pytest.mark.slow)
             item.add_marker(pytest.mark.vllm)
         if "browser" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.flaky(reruns=BROWSER_RERUNS))
+            item.add_marker(pytest.mark.flaky(reruns=BROWSER_RERUNS, only_rerun=RERUN_ONLY))
     yield
     # After them (pytest orders a module's tests by their fixtures' params): the longest groups
     # first, so that under `make test` short ones fill in at the end; a group's tests stay
@@ -136,15 +138,40 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
     items.sort(key=lambda item: (rank.get(groups[item], len(rank)), first_seen[groups[item]]))
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Each failure a rerun passed, whole: the plugin's own summary names the test alone (a test
-    that failed again is among the failures already)."""
-    failed = {report.nodeid for report in terminalreporter.stats.get("failed", [])}
-    for report in terminalreporter.stats.get("rerun", []):
-        if report.nodeid in failed:
-            continue
-        terminalreporter.write_sep("_", f"failed, then passed when run again: {report.nodeid}")
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Each browser test's first failure, which a rerun followed: the failures' own section shows
+    only the rerun's, and the plugin names the test alone. With the tail of what it captured
+    (the server's and the engine's lines)."""
+    stats = terminalreporter.stats
+    failed = {report.nodeid for key in ("failed", "error") for report in stats.get(key, [])}
+    for report in stats.get("rerun", []):
+        then = "failed again (above)" if report.nodeid in failed else "passed"
+        terminalreporter.write_sep("_", f"failed, then {then} when run again: {report.nodeid}")
         terminalreporter.write_line(str(report.longrepr))
+        for name, text in report.sections:
+            terminalreporter.write_line(f"--- {name} (its last 30 lines)")
+            terminalreporter.write_line("\n".join(text.splitlines()[-30:]))
+
+
+@pytest.fixture(autouse=True)
+def quiet_before_a_rerun(request: pytest.FixtureRequest) -> None:
+    """A browser test's rerun starts as the first try did: nothing held or capped by the test that
+    failed, and no answer of its page still streaming (a page's answer ends when it closes)."""
+    if getattr(request.node, "execution_count", 1) < 2 or "served" not in request.fixturenames:
+        return
+    from ui_pages import poll
+
+    playground, _, factory = request.getfixturevalue("served")
+    factory.release()
+    factory.max_tokens_cap = None
+    manager = playground.manager
+    poll(
+        lambda: (
+            not any(factory.streaming.values())
+            and not any(manager.unfinished_requests(key) for key in factory.engines)
+        ),
+        120,
+    )
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -27,6 +27,7 @@ from ui_pages import (
     attach,
     bot_messages,
     open_sidebar,
+    page_state,
     pick,
     poll,
     send,
@@ -121,8 +122,9 @@ def test_stop_ends_the_answer_in_the_engine_and_the_chat_goes_on(
     try:
         send(page, "Tell me a long story.")
         wait_until_answering(page, answers=1, timeout_s=120)
-        # While it streams, the box's Send button is a Stop button, and Escape presses it.
-        assert stop_shown(), "Send showed while the answer streamed"
+        # While it streams, the box's Send button is a Stop button, and Escape presses it (a page
+        # on a busy machine may turn it a moment after the answer's first words).
+        poll(stop_shown, 10, shown=lambda: page_state(page))
         # An example clicked meanwhile fills the box and leaves the Stop button (it brought Send back).
         page.get_by_text("Which bar is the tallest?", exact=True).first.click()
         poll(lambda: page.locator("#chat-input textarea").input_value() != "")

@@ -544,7 +544,7 @@ def test_stop_in_the_arena_while_one_side_stalls_ends_both_shows_no_vote_and_the
         stop = page.locator("#arena-input button.stop-button")
         poll(
             stop.is_visible,
-            30,
+            120,
             shown=lambda: repr(
                 {
                     "heads": [head.inner_text() for head in heads],

@@ -381,4 +381,12 @@ def poll(
         if value := condition():
             return value
         time.sleep(every_s)
-    raise AssertionError(f"not true within {timeout_s} s" + (f"; shown: {shown()}" if shown else ""))
+    raise AssertionError(f"not true within {timeout_s} s" + (f"; shown: {read(shown)}" if shown else ""))
+
+
+def read(shown: Callable[[], str]) -> str:
+    """What a failed wait shows, or why it could not be read (the wait's own failure stays)."""
+    try:
+        return shown()
+    except Exception as error:
+        return f"(not read: {type(error).__name__}: {str(error)[:200]})"
