@@ -108,7 +108,7 @@ def tiny_cards(vllm_model_infos: Path, tmp_path_factory: pytest.TempPathFactory)
 # one of these is an engine test, marked `slow` and `vllm` so that `make check` leaves it to
 # `make test` (a test may also be marked by hand).
 ENGINE_FIXTURES = {"loop", "tiny_cards", "vllm_model_infos"}
-# A test that drives Chromium runs once more after a wait of its ran out (pytest-rerunfailures):
+# A test that drives Chromium runs once more after one of its waits ran out (pytest-rerunfailures):
 # about one suite run in two lately failed a browser test, a different one each time, none
 # reproduced (docs/TESTING.md). Only a wait is rerun (`poll`'s "not true within", Playwright's
 # TimeoutError): a plain assert about what the page or the server did fails at once. A failure
