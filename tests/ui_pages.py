@@ -381,10 +381,12 @@ def poll(
         if value := condition():
             return value
         time.sleep(every_s)
-    raise AssertionError(f"not true within {timeout_s} s" + (f"; shown: {read(shown)}" if shown else ""))
+    raise AssertionError(
+        f"not true within {timeout_s} s" + (f"; shown: {shown_or_why(shown)}" if shown else "")
+    )
 
 
-def read(shown: Callable[[], str]) -> str:
+def shown_or_why(shown: Callable[[], str]) -> str:
     """What a failed wait shows, or why it could not be read (the wait's own failure stays)."""
     try:
         return shown()
