@@ -48,6 +48,7 @@ from app.demo.seeing_check import (  # noqa: E402
     by_wording,
     foreign_set,
     labelled_as_asked,
+    one_colour_rows,
     readme_example,
     rows_of_three,
     stranger_questions,
@@ -140,15 +141,19 @@ def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
                 print("  box labels as asked: {}/{}".format(*labelled_as_asked(asked, said)))
             for line in wrong_answers(asked, said):
                 print(f"  wrong: {line}")
-            with tempfile.TemporaryDirectory(prefix="rows-") as rows:
-                asked = [q for q in rows_of_three(Path(rows)) if q.kind.removeprefix("row ") in recipe.kinds]
-                said = await answers(manager, recipe.key, decoder, asked)
-            pictures = len({q.files for q in asked})
-            print(f"tidy rows of three, as the page's example picture ({pictures} pictures):")
-            for kind, (right, count) in tally(asked, said).items():
-                print(f"  {kind:12} {right}/{count} = {right / count:.0%}")
-            for line in wrong_answers(asked, said):
-                print(f"  wrong: {line}")
+            for rows_of, title in (
+                (rows_of_three, "tidy rows of three, as the page's example picture"),
+                (one_colour_rows, "the same rows with their three shapes in one colour"),
+            ):
+                with tempfile.TemporaryDirectory(prefix="rows-") as rows:
+                    asked = [q for q in rows_of(Path(rows)) if q.kind.split()[-1] in recipe.kinds]
+                    said = await answers(manager, recipe.key, decoder, asked)
+                pictures = len({q.files for q in asked})
+                print(f"{title} ({pictures} pictures):")
+                for kind, (right, count) in tally(asked, said).items():
+                    print(f"  {kind:12} {right}/{count} = {right / count:.0%}")
+                for line in wrong_answers(asked, said):
+                    print(f"  wrong: {line}")
             asked = [q for q in foreign_set(THIRD_HAND) if q.kind in recipe.foreign_kinds]
             said = await answers(manager, recipe.key, decoder, asked)
             print(f"a third hand ({THIRD_HAND.relative_to(ROOT)}), to choose between runs:")
