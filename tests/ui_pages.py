@@ -310,9 +310,13 @@ def warning(page: Page, notice: str = "notice") -> str:
 
 def set_max_tokens(page: Page, prefix: str, tokens: int) -> None:
     field = page.locator(f"#{prefix}-max-tokens input[type=number]")
+    slider = page.locator(f"#{prefix}-max-tokens input[type=range]")
     if not field.is_visible():
         page.click(f"#{prefix}-sampling button")
-    slider = page.locator(f"#{prefix}-max-tokens input[type=range]")
+        # Typed into before the opened accordion's slider showed its value, the box once held
+        # 16 while the answer went at the model's 512 (a clean clone, 2026-12-06): type into it
+        # once both parts show one value.
+        poll(lambda: field.is_visible() and field.input_value() == slider.input_value() != "", 10)
     bounds = range(int(slider.get_attribute("min") or 0), int(slider.get_attribute("max") or 0) + 1)
     # A value in the slider's range is sent only once the slider itself holds it: on a busy
     # machine the number box's Enter was once lost while the accordion opened, so type again.
@@ -323,6 +327,7 @@ def set_max_tokens(page: Page, prefix: str, tokens: int) -> None:
             return
         try:
             poll(lambda: slider.input_value() == str(tokens), 3)
+            field.press("Tab")  # leaves the box, as a visitor moving on to the message does
             return
         except AssertionError:
             continue
