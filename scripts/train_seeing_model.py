@@ -151,7 +151,7 @@ def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
                 pictures = len({q.files for q in asked})
                 print(f"{title} ({pictures} pictures):")
                 for kind, (right, count) in tally(asked, said).items():
-                    print(f"  {kind:12} {right}/{count} = {right / count:.0%}")
+                    print(f"  {kind:24} {right}/{count} = {right / count:.0%}")
                 for line in wrong_answers(asked, said):
                     print(f"  wrong: {line}")
             asked = [q for q in foreign_set(THIRD_HAND) if q.kind in recipe.foreign_kinds]

@@ -92,8 +92,9 @@ STRANGER_BELOW_FLOOR = {"shape": 0.54, "count": 0.70, "describe": 0.45, "bigger"
 ROWS_ASKED, ROW_DESCRIPTIONS_BELOW_FLOOR = 20, 0.65
 # The same rows with their three shapes in one colour (`seeing_check.one_colour_rows`, the first 20):
 # run FU3 counts 15 and describes none, each time leaving the middle shape out; runs trained on a
-# third of their count pictures in one colour counted 1 and 0 (docs/SEEING_MODEL_RUNS.md, runs RC
-# and RC2). Each held to the floor by a strict xfail test; the count may not fall more than a question.
+# third of their count pictures in one colour counted 1 and 0 of these 20 (docs/SEEING_MODEL_RUNS.md,
+# runs RC and RC2). Each held to the floor by a strict xfail test; the count may not fall more
+# than a question.
 ONE_COLOUR_ROWS_BELOW_FLOOR = {"count": 0.70}
 # A visitor asks more than one question about a picture. Asked as the third question of a chat
 # about its picture (`seeing_check.answer_in_a_chat`: the background's colour and how many shapes

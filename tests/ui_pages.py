@@ -316,7 +316,11 @@ def set_max_tokens(page: Page, prefix: str, tokens: int) -> None:
         # Typed into before the opened accordion's slider showed its value, the box once held
         # 16 while the answer went at the model's 512 (a clean clone, 2026-12-06): type into it
         # once both parts show one value.
-        poll(lambda: field.is_visible() and field.input_value() == slider.input_value() != "", 10)
+        poll(
+            lambda: field.is_visible() and field.input_value() == slider.input_value() != "",
+            10,
+            shown=lambda: f"box {field.input_value()!r}, slider {slider.input_value()!r}",
+        )
     bounds = range(int(slider.get_attribute("min") or 0), int(slider.get_attribute("max") or 0) + 1)
     # A value in the slider's range is sent only once the slider itself holds it: on a busy
     # machine the number box's Enter was once lost while the accordion opened, so type again.
@@ -327,7 +331,9 @@ def set_max_tokens(page: Page, prefix: str, tokens: int) -> None:
             return
         try:
             poll(lambda: slider.input_value() == str(tokens), 3)
-            field.press("Tab")  # leaves the box, as a visitor moving on to the message does
+            # Leaves the box, as a visitor moving on to the message does: Gradio takes a typed
+            # number for good when its box loses focus (it clamps it then).
+            field.press("Tab")
             return
         except AssertionError:
             continue
