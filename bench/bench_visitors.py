@@ -29,7 +29,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from chromium import CHROMIUM, CHROMIUM_FLAGS  # noqa: E402
+from ports import free_port  # noqa: E402
 
 from app.demo.models import DEMO_MODELS  # noqa: E402
 from app.storage.history import (  # noqa: E402
@@ -88,12 +88,6 @@ VERDICTS = ("a", "b", "tie", "bad")
 
 
 # --- the server --------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Server:
