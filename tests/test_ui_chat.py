@@ -248,7 +248,7 @@ def test_a_message_can_be_sent_only_once_the_page_has_its_session(
         poll(lambda: page.is_enabled("#grid-check"), 30)
         page.get_by_role("tab", name="Chat").click()
         poll(lambda: page.is_editable("#chat-input textarea"), 30)
-        set_max_tokens(page, "chat", 8)
+        set_max_tokens(page, "chat", 16)
         send(page, "Are you there?")
         wait_for_answer(page)
         assert warning(page) == ""
@@ -390,7 +390,7 @@ def test_two_pictures_then_a_third_in_a_follow_up_all_reach_the_model(
 ):
     """The core promise: several pictures in a message, and a follow-up picture, in one chat."""
     factory = served[2]
-    set_max_tokens(page, "chat", 8)
+    set_max_tokens(page, "chat", 16)
     send(page, "Compare these two.", [EXAMPLES / "shapes.png", EXAMPLES / "bar_chart.png"])
     wait_for_answer(page)
     send(page, "And this one?", [EXAMPLES / "green_square.png"])
@@ -414,7 +414,7 @@ def test_enter_while_a_picture_uploads_sends_it_with_the_message_once_uploaded(
     message waits for it and goes with it (Gradio's box does this; a Gradio upgrade that sent at
     once would send the question without its picture)."""
     factory = served[2]
-    set_max_tokens(page, "chat", 8)
+    set_max_tokens(page, "chat", 16)
     poll(lambda: page.locator("#chat-input button.submit-button").is_visible(), 60)
     held: list[Route] = []  # the upload, held as a slow line holds it
     page.route("**/gradio_api/upload*", lambda route: held.append(route))
@@ -439,7 +439,7 @@ def test_the_chats_own_trash_icon_clears_the_conversation_the_model_gets(
     page: Page, served: tuple[Playground, str, RecordingFactory]
 ):
     factory = served[2]
-    set_max_tokens(page, "chat", 8)
+    set_max_tokens(page, "chat", 16)
     send(page, "An old question about a lighthouse")
     wait_for_answer(page)
     page.locator("#chat button[aria-label='Clear']").click()
@@ -453,7 +453,7 @@ def test_the_chats_own_trash_icon_clears_the_conversation_the_model_gets(
 def test_clear_leaves_what_the_user_typed_meanwhile_in_the_box(page: Page):
     """On a busy server the reply to Clear came after the user typed the next message, and
     emptied the box: Enter then sent nothing (a CI run: "Write a message or add a file first")."""
-    set_max_tokens(page, "chat", 8)
+    set_max_tokens(page, "chat", 16)
     send(page, "An old question")
     wait_for_answer(page)
     poll(lambda: page.locator("#edit-menu").is_visible())
@@ -496,7 +496,7 @@ def test_undo_regenerate_and_clear(page: Page):
 def test_switching_models_shows_the_load_progress_in_the_chat(page: Page):
     # The page's first model answers first: one model is resident at a time, so the second has
     # to load whichever test ran before (after one that used it, it was there, and showed no load).
-    set_max_tokens(page, "chat", 4)
+    set_max_tokens(page, "chat", 16)
     send(page, "Hello, first model.")
     wait_for_answer(page)
     pick(page, "model", LABEL_B)
@@ -674,7 +674,7 @@ def test_an_earlier_message_edited_with_its_picture_branches_and_every_version_s
     goes on from there, the earlier version stays a pick away, regenerate adds a version, and
     all of them are stored, survive a reload and come back when the chat is reopened."""
     playground, _, factory = served
-    set_max_tokens(page, "chat", 8)
+    set_max_tokens(page, "chat", 16)
     send(page, "Describe the first picture.", [EXAMPLES / "shapes.png"])
     wait_for_answer(page)
     send(page, "And a second question.")

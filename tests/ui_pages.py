@@ -321,14 +321,21 @@ def set_max_tokens(page: Page, prefix: str, tokens: int) -> None:
             10,
             shown=lambda: f"box {field.input_value()!r}, slider {slider.input_value()!r}",
         )
-    bounds = range(int(slider.get_attribute("min") or 0), int(slider.get_attribute("max") or 0) + 1)
-    # A value in the slider's range is sent only once the slider itself holds it: on a busy
-    # machine the number box's Enter was once lost while the accordion opened, so type again.
+    held = range(
+        int(slider.get_attribute("min") or 0),
+        int(slider.get_attribute("max") or 0) + 1,
+        int(slider.get_attribute("step") or 1),
+    )
+    # Gradio clamps a value the slider cannot hold when the box loses focus: tests that typed 8
+    # or 4 (below its 16) ran at some other count without saying so.
+    assert tokens in held, (
+        f"{prefix}'s slider holds {held.start}-{held.stop - 1} by {held.step}: not {tokens}"
+    )
+    # A value is sent only once the slider itself holds it: on a busy machine the number box's
+    # Enter was once lost while the accordion opened, so type again.
     for _ in range(5):
         field.fill(str(tokens))
         field.press("Enter")
-        if tokens not in bounds:
-            return
         try:
             poll(lambda: slider.input_value() == str(tokens), 3)
             # Leaves the box, as a visitor moving on to the message does: Gradio takes a typed
