@@ -65,51 +65,45 @@ FOREIGN = Path(__file__).resolve().parent / "data" / "foreign-shapes"
 # pictures and in wordings training never uses (docs/BENCHMARKS.md has the figures). Each is held to
 # it in a strict xfail test of its own, which fails as soon as that kind reaches it, so that these
 # sets shrink to nothing. Meanwhile each may not fall below the share given here, which lets the
-# committed weights (run FU3, 2026-12-04: run Z's recipe with follow-up questions in lessons two to
-# four, on run Z's tower; the answers do not change from run to run) miss one question more than
-# they do, so that a training that trades one kind for another says so. Held out (36 each: 24 of
-# seed 7 and 12 of seed 11): kinds of shape 32 (run Z at the floor), counts 30 (30), counts of a colour 28
-# (27), descriptions 22 (24), boxes 13 (11), the colour of a shape named by its kind 32 (Z at the floor), the
-# kind of one named by its colour 29 (31). On the foreign pictures asked (every other one): counts
-# 22/25 (Z 21), descriptions 8/13 (6), boxes 7/12 (5); counts of a colour reached the floor (12/13).
-BELOW_FLOOR = {
-    "shape": 0.86,
-    "count": 0.80,
-    "colour count": 0.75,
-    "describe": 0.58,
-    "box": 0.33,
-    "colour of": 0.86,
-    "shape of": 0.77,
-}
-BELOW_FLOOR_FOREIGN = {"count": 0.84, "describe": 0.53, "box": 0.50}
-# Run FU3's weights: kinds of shape 14/24 ("What shape is shown?" 2/12, answered with a phrase such
-# as "the green circle in the middle"; run Z at the floor), counts 18/24 (Z 18), descriptions 12/24 (Z 12),
-# the bigger shape 10/12 (Z 10).
-STRANGER_BELOW_FLOOR = {"shape": 0.54, "count": 0.70, "describe": 0.45, "bigger": 0.75}
+# committed weights (run OV, 2026-12-06: run FU3's recipe on a tower taught each shape's place from
+# the left, a third of its pictures of several shapes in one colour, for 12,000 steps; the answers
+# do not change from run to run) miss one question more than they do, so that a training that
+# trades one kind for another says so. Held out (36 each: 24 of seed 7 and 12 of seed 11): counts
+# of a colour 30 (run FU3 28), the bigger shape 31 (FU3 at the floor; seed 11's 8 of 12),
+# descriptions 31 (22), boxes 17 (13); kinds of shape, counts and a shape named by its kind or
+# colour reached the floor. On the foreign pictures asked (every other one): counts 22/25 (FU3 22),
+# the bigger shape 8/12 (FU3 at the floor), counts of a colour 9/13 (FU3 at the floor),
+# descriptions 8/13 (8), boxes 6/12 (7).
+BELOW_FLOOR = {"colour count": 0.80, "bigger": 0.83, "describe": 0.83, "box": 0.44}
+BELOW_FLOOR_FOREIGN = {"count": 0.84, "bigger": 0.58, "colour count": 0.61, "describe": 0.53, "box": 0.41}
+# Run OV's weights: kinds of shape 12/24 ("What shape is shown?" 0/12; run FU3 14), counts 9/24 ("How
+# many shapes are shown?" 0/12; FU3 18), descriptions 14/24 (FU3 12), the bigger shape 10/12 (10).
+STRANGER_BELOW_FLOOR = {"shape": 0.45, "count": 0.33, "describe": 0.54, "bigger": 0.75}
 # Tidy rows of three shapes, the page's own kind of picture (`seeing_check.rows_of_three`), the first
-# 20: run FU3 counts 20 and describes 14 right (of the 40 the evaluation asks, 39 and 24). Its wrong
+# 20: run OV counts 20 and describes 14 right (of the 40 the evaluation asks, 39 and 29). Its wrong
 # descriptions mostly give the middle shape a neighbour's colour or kind.
 ROWS_ASKED, ROW_DESCRIPTIONS_BELOW_FLOOR = 20, 0.65
 # The same rows with their three shapes in one colour (`seeing_check.one_colour_rows`, the first 20):
-# run FU3 counts 15 and describes none, each time leaving the middle shape out; runs trained on a
-# third of their count pictures in one colour counted 1 and 0 of these 20 (docs/SEEING_MODEL_RUNS.md,
-# runs RC and RC2). Each held to the floor by a strict xfail test; the count may not fall more
-# than a question.
-ONE_COLOUR_ROWS_BELOW_FLOOR = {"count": 0.70}
+# run OV counts all 20 and describes 9; run FU3, on a tower not taught each shape's place from the
+# left, counted 15 and described none, each time leaving the middle shape out
+# (docs/SEEING_MODEL_RUNS.md, runs OR and OV). The descriptions are held to the floor by a strict
+# xfail test, and may not fall more than a question.
+ONE_COLOUR_ROWS_BELOW_FLOOR = {"describe": 0.40}
 # A visitor asks more than one question about a picture. Asked as the third question of a chat
 # about its picture (`seeing_check.answer_in_a_chat`: the background's colour and how many shapes
 # there are, or a description, asked first and answered by the model, the answers kept in the chat),
 # run Z's weights, taught one question a conversation, lost most kinds (counts 4 of 25, sides 14 of
-# 25, descriptions none). Run FU3, taught follow-up questions, answers most as it does first: of
-# every other foreign picture's questions, counts 17/25 (asked first 22), counts of a colour 10/13
-# (12), descriptions 7/13 (8), boxes 6/12 (7), every other kind at the floor (docs/BENCHMARKS.md,
-# "A visitor's third question"). Each kind here keeps what it reached, less a question, and is
-# held to the floor by a strict xfail test.
+# 25, descriptions none). Run OV, taught follow-up questions, answers most as it does first: of
+# every other foreign picture's questions, counts 21/25 (asked first 22), the bigger shape 8/12 (8),
+# counts of a colour 10/13 (9), descriptions 9/13 (8), boxes 5/12 (6), every other kind at the
+# floor (docs/BENCHMARKS.md, "A visitor's third question"). Each kind here keeps what it reached,
+# less a question, and is held to the floor by a strict xfail test.
 CHAT_BELOW_FLOOR = {
-    "count": 0.64,
+    "count": 0.80,
+    "bigger": 0.58,
     "colour count": 0.69,
-    "describe": 0.46,
-    "box": 0.41,
+    "describe": 0.61,
+    "box": 0.33,
 }
 
 
@@ -389,7 +383,7 @@ def test_it_counts_three_in_tidy_rows_of_three_as_the_pages_example(rows):
 
 
 @pytest.mark.xfail(strict=True, reason="issue 29: not yet at the floor (docs/BENCHMARKS.md)")
-@pytest.mark.parametrize("kind", ["row describe", "one-colour row count", "one-colour row describe"])
+@pytest.mark.parametrize("kind", ["row describe", "one-colour row describe"])
 def test_a_kind_of_tidy_row_below_the_floor_reaches_it(rows, kind: str):
     scores, wrong = rows
     right, asked = scores[kind]
@@ -402,13 +396,19 @@ def test_its_descriptions_of_tidy_rows_of_three_keep_what_they_reached(rows):
     assert asked == ROWS_ASKED and right >= ROW_DESCRIPTIONS_BELOW_FLOOR * asked, wrong
 
 
-def test_it_counts_three_shapes_of_one_colour_in_a_tidy_row_as_it_keeps_doing(rows):
-    """Three red shapes in a row are three shapes. The models count colours more than shapes: the
-    committed weights count such a row "two" one time in four, later runs nearly always. This
-    holds what the committed weights reach."""
+def test_it_counts_three_shapes_of_one_colour_in_a_tidy_row(rows):
+    """Three red shapes in a row are three shapes. Towers not taught each shape's place from the
+    left read such neighbours as one thing, and their models counted the row "two" one time in four
+    (run FU3) or nearly always (runs RC and RC2)."""
     scores, wrong = rows
     right, asked = scores["one-colour row count"]
-    assert asked == ROWS_ASKED and right >= ONE_COLOUR_ROWS_BELOW_FLOOR["count"] * asked, wrong
+    assert asked == ROWS_ASKED and right >= FLOOR * asked, wrong
+
+
+def test_its_descriptions_of_tidy_rows_of_one_colour_keep_what_they_reached(rows):
+    scores, wrong = rows
+    right, asked = scores["one-colour row describe"]
+    assert asked == ROWS_ASKED and right >= ONE_COLOUR_ROWS_BELOW_FLOOR["describe"] * asked, wrong
 
 
 @pytest.fixture(scope="module")
@@ -522,9 +522,9 @@ def test_its_box_is_over_the_shape(loop, manager, decoder, tmp_path: Path):
     was within a tenth (its box for the red circle beside it was not: [160, 100, 800, 800]); run S's
     spanned both shapes ([120, 100, 880, 880]); run T's was within a tenth ([500, 100, 900, 880]);
     run U's spans both again ([100, 100, 860, 860]); run Z's is on the square's side of the
-    picture, not within a tenth ([500, 80, 900, 580]); run FU3's is within a tenth. One tidy
-    picture: held out, boxes within a tenth are 13 of 36 (docs/BENCHMARKS.md), among several
-    shapes fewer."""
+    picture, not within a tenth ([500, 80, 900, 580]); run FU3's and run OV's are within a tenth.
+    One tidy picture: held out, boxes within a tenth are 17 of 36 (docs/BENCHMARKS.md), among
+    several shapes fewer."""
     said, boxes, truth = pointed(loop, manager, decoder, tmp_path)
     box = boxes[0].ordered()
     found = (box.x1, box.y1, box.x2, box.y2)

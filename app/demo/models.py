@@ -34,11 +34,11 @@ SEEING_MODELS = (SEEING_KEY, SECOND_KEY)
 # The kinds of question (`app.demo.shapes.KINDS`) the page offers each seeing model as examples
 # (`app.views.widgets`): those it was taught and gets right at least half the time held out
 # (docs/BENCHMARKS.md; the tests hold each model to it and ask it every example it is offered),
-# boxes aside. The first: every kind (counts of a colour 28 of the tests' 36 held out in run FU3,
-# descriptions 22); boxes are offered though few land within a tenth of the picture (13 of 36): they are
+# boxes aside. The first: every kind (counts of a colour 30 of the tests' 36 held out in run OV,
+# descriptions 31); boxes are offered though few land within a tenth of the picture (17 of 36): they are
 # the only boxes a CPU page draws, each named as asked. The second takes no clips and writes no
 # boxes, was not taught a shape named among several, and is offered neither the kind of shape
-# (38%), counts of a colour (26%), the bigger of two (44%) nor descriptions (20%): asked to
+# (41%), counts of a colour (37%), the bigger of two (48%) nor descriptions (21%): asked to
 # describe the page's three shapes, it named two.
 EXAMPLE_KINDS = {
     SEEING_KEY: KINDS,

@@ -19,7 +19,16 @@ from pathlib import Path
 import numpy as np
 
 from app.demo.seeing_model import ask, compared, right_answer, streamed_answer
-from app.demo.shapes import BACKGROUND, COLOURS, SHAPES, Drawn, Scene, description, tidy_picture
+from app.demo.shapes import (
+    BACKGROUND,
+    COLOURS,
+    SHAPES,
+    Drawn,
+    Scene,
+    description,
+    in_one_colour,
+    tidy_picture,
+)
 from app.domain.conversation import Session, engine_messages, make_turn
 from app.domain.replies import Reply
 from app.engines.manager import EngineManager
@@ -209,7 +218,7 @@ def rows_of_three(
     for index in range(pictures):
         drawn = [Drawn(str(rng.choice(list(COLOURS))), str(rng.choice(SHAPES))) for _ in range(3)]
         if one_colour:
-            drawn = [Drawn(drawn[0].colour, shape.shape) for shape in drawn]
+            drawn = in_one_colour(drawn)
         image = tidy_picture(drawn, *ROW_SIZES[index % len(ROW_SIZES)])
         # Which shape covers each pixel (anything off the background, by its third), as a
         # `Scene`'s owner, and each shape's box from its pixels.

@@ -61,7 +61,7 @@ SECOND_VERSION = 1
 # Clips and boxes are the first model's alone: LLaVA-1.5 takes no video and writes no boxes. So
 # is one shape named among several, taught in a third lesson this model, trained less, has not.
 SECOND_KINDS = tuple(kind for kind in KINDS if kind not in ("box", "start", "end", "moved", *NAMED_KINDS))
-# Trained less than the first (6,000 and 3,000 steps): about 0.1 s and 0.2 s a step on two cores.
+# Trained less than the first (12,000 and 3,000 steps): about 0.07 s and 0.15 s a step on two cores.
 SECOND_STEPS = Steps(vision=2000, answers=3500)
 # The first model's weights per kind, and twice for the colour questions: with them once, the
 # first training answered "white" (a background's word) to most colour questions (36% right).

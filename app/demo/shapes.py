@@ -22,7 +22,7 @@ import itertools
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -80,6 +80,9 @@ PLACE_MARGIN, SIDE_MARGIN = 0.2, 0.08
 # so a 2,000-pixel picture looks like a 300-pixel one to the model), any aspect ratio to 3:1.
 LONG_SIDE, MAX_ASPECT = (64, 360), 3.0
 JPEG_SHARE, JPEG_QUALITY = 0.35, (40, 95)
+# A third of the count questions' pictures have all their shapes in one colour: drawn each on its
+# own, three shapes share one colour 1 time in 25, and the models counted colours (runs RC, RC2).
+ONE_COLOUR_COUNT_SHARE = 1 / 3
 FILLED_SHARE, SMOOTH_SHARE, TILT_DEGREES = 0.7, 0.6, 15.0
 OUTSIDE = (
     "I can only answer about the shapes in your picture: their colour, kind, place, size and "
@@ -635,6 +638,11 @@ def random_shapes(rng: random.Random, count: int, distinct: bool = False) -> lis
             return drawn
 
 
+def in_one_colour(drawn: list[Drawn]) -> list[Drawn]:
+    """`drawn`, every shape in the first one's colour."""
+    return [replace(shape, colour=drawn[0].colour) for shape in drawn]
+
+
 def all_different(drawn: list[Drawn]) -> bool:
     """Whether no two of `drawn` are alike in both colour and kind."""
     return len({(d.colour, d.shape) for d in drawn}) == len(drawn)
@@ -823,7 +831,10 @@ def example(rng: random.Random, kind: str | None = None) -> Example:
             result.images = []
         return result
     if kind == "count":
-        found = scene(rng, random_shapes(rng, rng.randint(1, 3)))
+        drawn = random_shapes(rng, rng.randint(1, 3))
+        if rng.random() < ONE_COLOUR_COUNT_SHARE:
+            drawn = in_one_colour(drawn)
+        found = scene(rng, drawn)
         return Example(kind, ask(rng, kind), COUNTS[len(found.shapes)], [found.image], scene=found)
     if kind == "colour count":
         palette = rng.sample(colours, rng.randint(1, 3))
