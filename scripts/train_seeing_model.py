@@ -180,7 +180,7 @@ def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
 def later_lesson(lesson: str, source: Path, out: Path, steps: Steps) -> None:
     """The first model's lessons from `lesson` on ("answers", "named" or "boxes"), on a model
     saved before it: what the whole recipe does from there (it rounds the weights to bfloat16, as
-    saved, and gives each of these lessons its own seed), without the vision lesson's 27 minutes.
+    saved, and gives each of these lessons its own seed), without the vision lesson's 40 minutes.
     From "answers", only the saved model's tower is taken (`seeing_model.taught_in_vision_lesson`); the text
     model is the seed's, as the whole recipe's is after its first lesson. The third lesson was
     made so from run L's weights, which are in git (`git show

@@ -139,7 +139,7 @@ def test_the_committed_seeing_models_are_the_ones_their_code_trains():
     """The app serves both seeing models from the repository, and the tests use those weights
     while they carry the stamp of the code that trains them. A change to the training or the data
     generator committed without weights trained again would make every CI run train them (about
-    45 and 17 minutes): it fails here, in a second."""
+    85 and 11 minutes): it fails here, in a second."""
     from app.demo import seeing_llava, seeing_model
     from app.demo.models import SECOND_FOLDER, SEEING_FOLDER
 

@@ -198,9 +198,10 @@ async def answers_in_a_chat(
 ROW_SIZES = ((300, 120), (360, 120), (240, 100), (320, 160))
 ROWS, ROWS_SEED = 40, 7
 # The same rows with their three shapes in one colour (a seed of their own). Drawn each on its own,
-# three shapes share one colour 1 time in 25, so counting colours is nearly always right in
-# training: the committed weights count such a row "two" one time in four, later runs nearly
-# always, and the committed weights describe none (docs/SEEING_MODEL_RUNS.md, runs RC and RC2).
+# three shapes share one colour 1 time in 25, so counting colours was nearly always right in
+# training: run FU3 counted such a row "two" one time in four and described none. Run OV, whose
+# tower learned each shape's place from the left on pictures a third of them in one colour, counts
+# 40 of 40 and describes 21 (docs/SEEING_MODEL_RUNS.md, runs RC, OR and OV).
 ONE_COLOUR_ROWS_SEED = 8
 
 

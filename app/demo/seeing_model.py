@@ -109,7 +109,7 @@ FOLLOW_UPS = (1, 2, 2, 3)
 
 @dataclass(frozen=True)
 class Steps:
-    """Training steps of each lesson (about 0.27 s, 0.30 s, 0.46 s and 0.30 s a step on two
+    """Training steps of each lesson (about 0.20 s, 0.30 s, 0.46 s and 0.30 s a step on two
     cores); the second model has no third or fourth lesson."""
 
     vision: int = 6000
@@ -119,8 +119,9 @@ class Steps:
 
 
 # Twice the default vision lesson: with the `order` probe and pictures of one colour the tower has
-# more to learn, and at 6,000 steps its models lost 10 to 23 of the foreign set's 400 questions
-# (runs OR and OR2); at 12,000 they kept them (runs OV and OV2, docs/SEEING_MODEL_RUNS.md).
+# more to learn, and at 6,000 steps its models lost 23 and 10 of the foreign set's 400 questions
+# (run OR against run FU3, run OR2 against run FU2); at 12,000 they kept them (runs OV and OV2,
+# docs/SEEING_MODEL_RUNS.md).
 STEPS = Steps(vision=12000, named=2700, boxes=1800)
 # The vision tower: four layers of width 128 over 16-pixel patches, a learned position per place
 # on a 16x16 grid (interpolated to each picture's), one DeepStack layer as the base card's.
@@ -314,9 +315,11 @@ TOKEN_SHAPES = ("none", *shapes.SHAPES)
 # Run K, with this at 3 and the background question balanced (`shapes.example`), was right on all.
 BACKGROUND_WEIGHT = 3
 # `order`: without it, the towers read neighbours of one colour as one thing, and the models
-# counted and described tidy rows of three in one colour as two shapes (docs/SEEING_MODEL_RUNS.md,
-# run OR's tower): a shape's place from the left is what tells them apart, and the order a
-# description names them in.
+# counted and described tidy rows of three in one colour as two shapes. It works only with
+# `ONE_COLOUR_SHARE` (pictures whose neighbours need telling apart); neither works alone
+# (docs/SEEING_MODEL_RUNS.md, runs OC, OP and OR): a shape's place from the left is what tells
+# them apart, and the order a description names them in. Shapes one above the other are ranked by
+# their centres' x all the same, a rank the picture does not show: a noisy label for them.
 PROBES = {
     "colour": 6,
     "shape": 4,
