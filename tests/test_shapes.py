@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from app.demo import seeing_model, shapes
-from app.demo.seeing_check import FOREIGN_KINDS, STRANGER_WORDINGS
+from app.demo.seeing_check import FOREIGN_KINDS, ROW_SIZES, STRANGER_WORDINGS, tidy_row
 from app.demo.shapes import SHADES, Drawn, example, picture, random_shapes, scene, shade
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -204,6 +204,37 @@ def test_clips_change_colour_or_move_as_their_answer_says():
             darker = np.abs(frame.astype(int) - frame[0, 0].astype(int)).sum(-1) > 80
             centres.append(np.nonzero(darker)[1].mean())
         assert centres == sorted(centres, reverse=way == "right to left"), (way, centres)
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(list(shapes.COLOURS)), st.sampled_from(shapes.SHAPES)),
+        min_size=3,
+        max_size=3,
+    ),
+    st.sampled_from(ROW_SIZES),
+    st.booleans(),
+)
+@hypothesis_settings(max_examples=30, deadline=None)
+def test_each_token_of_a_tidy_row_is_labelled_with_its_shapes_place_from_the_left(
+    picked: list[tuple[str, str]], size: tuple[int, int], one_colour: bool
+):
+    """The vision lesson's `order` label: a row's left shape is 1, its middle one 2, its right one
+    3, also when all three are of one colour (what tells such neighbours apart). Read from where
+    each labelled token lies, not from the shapes' boxes the labels are made from."""
+    drawn = [Drawn(colour, kind) for colour, kind in picked]
+    if one_colour:
+        drawn = shapes.in_one_colour(drawn)
+        assert [d.colour for d in drawn] == [picked[0][0]] * 3
+        assert [d.shape for d in drawn] == [kind for _, kind in picked]
+    found = tidy_row(drawn, *size)
+    rows, columns = size[1] // 32, size[0] // 32
+    labels = seeing_model.token_labels(found, rows, columns)["order"]
+    for token, place in enumerate(labels):
+        column_centre = (token % columns + 0.5) / columns  # a share of the picture's width
+        if place:
+            assert (place - 1) / 3 <= column_centre <= place / 3, (token, place)
+    assert set(labels) >= {1, 2, 3}
 
 
 def test_the_tidy_picture_is_the_first_versions():

@@ -205,6 +205,22 @@ ROWS, ROWS_SEED = 40, 7
 ONE_COLOUR_ROWS_SEED = 8
 
 
+def tidy_row(drawn: list[Drawn], width: int, height: int) -> Scene:
+    """A tidy row of three shapes (`tidy_picture`) and what is in it: which shape covers each pixel
+    (anything off the background, by its third) as a `Scene`'s owner, each shape's box from its
+    pixels."""
+    image = tidy_picture(drawn, width, height)
+    pixels = np.asarray(image, dtype=np.int32)
+    covered = np.abs(pixels - np.array(BACKGROUND)).sum(axis=-1) > 30
+    thirds = np.arange(image.width) * 3 // image.width + 1
+    owner = np.where(covered, thirds, 0).astype(np.uint8)
+    boxes = []
+    for shape in range(1, 4):
+        ys, xs = np.nonzero(owner == shape)
+        boxes.append((float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1)))
+    return Scene(image, drawn, boxes, "white", owner)
+
+
 def rows_of_three(
     folder: Path, pictures: int = ROWS, seed: int = ROWS_SEED, one_colour: bool = False
 ) -> list[Question]:
@@ -220,18 +236,8 @@ def rows_of_three(
         drawn = [Drawn(str(rng.choice(list(COLOURS))), str(rng.choice(SHAPES))) for _ in range(3)]
         if one_colour:
             drawn = in_one_colour(drawn)
-        image = tidy_picture(drawn, *ROW_SIZES[index % len(ROW_SIZES)])
-        # Which shape covers each pixel (anything off the background, by its third), as a
-        # `Scene`'s owner, and each shape's box from its pixels.
-        pixels = np.asarray(image, dtype=np.int32)
-        covered = np.abs(pixels - np.array(BACKGROUND)).sum(axis=-1) > 30
-        thirds = np.arange(image.width) * 3 // image.width + 1
-        owner = np.where(covered, thirds, 0).astype(np.uint8)
-        boxes = []
-        for shape in range(1, 4):
-            ys, xs = np.nonzero(owner == shape)
-            boxes.append((float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1)))
-        sentence = description(Scene(image, drawn, boxes, "white", owner))
+        found = tidy_row(drawn, *ROW_SIZES[index % len(ROW_SIZES)])
+        image, sentence = found.image, description(found)
         if sentence is None:  # not for these pictures: each third's centre is where its word says
             raise ValueError(f"no description of a row at {image.size}")
         path = Path(folder) / f"{prefix.replace(' ', '-')}-{index:02d}.png"
