@@ -149,6 +149,21 @@ def test_every_kind_has_an_answer_that_matches_its_picture():
         assert all(abs(n / 1000 - t) < 0.04 for n, t in zip(numbers, truth, strict=True)), (numbers, truth)
 
 
+def test_the_bigger_shape_is_the_one_with_more_area_not_always_the_wider():
+    """On the foreign set the first model named a triangle as wide as a square the bigger: a
+    square has twice the area of a triangle as wide, and the training pictures drew the bigger
+    shape always the wider. Some of them must show the bigger by area as no wider than the other."""
+    rng = random.Random(8)
+    widths = []
+    for _ in range(120):
+        asked = example(rng, "bigger")
+        big = int(asked.answer != f"the {asked.scene.shapes[0].colour} {asked.scene.shapes[0].shape}")
+        sides = [max(right - left, bottom - top) for left, top, right, bottom in asked.scene.boxes]
+        widths.append(sides[big] / sides[1 - big])
+    assert sum(times < 1.2 for times in widths) >= 10, sorted(widths)[:10]
+    assert any(times < 1.0 for times in widths), sorted(widths)[:10]
+
+
 def test_a_shape_named_by_its_kind_or_colour_is_the_only_one_so_named_and_answered_for():
     """ "What colour is the square?" has one answer only where one square is drawn; among two or
     three shapes (most pictures), the answer is that shape's colour, not another's."""

@@ -684,6 +684,13 @@ def box_question(rng: random.Random, found: Scene) -> tuple[str, str]:
     return ask(rng, "box", colour=named.colour, shape=named.shape), box_answer(found, index)
 
 
+# The share of the bigger question's pictures whose two shapes' sizes are within 1.3 times of each
+# other. Drawn only 1.5 to 2.8 times apart, the first model named the wider shape: on the foreign
+# set it named a triangle as wide as a square, which has half the square's area, the bigger one
+# (docs/SEEING_MODEL_RUNS.md, runs AB, AB2 and AB7).
+CLOSE_SIZES_SHARE = 1 / 2
+
+
 def clearly_bigger(found: Scene) -> Drawn | None:
     """The bigger of the picture's two shapes where its area (a triangle's is half a square's of
     its size) is 1.6 times the other's; None where it is not, or the picture has not two."""
@@ -845,10 +852,14 @@ def example(rng: random.Random, kind: str | None = None) -> Example:
         return Example(kind, ask(rng, kind, colour=asked), answer, [found.image], scene=found)
     if kind == "bigger":
         while True:
-            # Clearly bigger: its area (a triangle's is half a square's of its size) 1.6 times the other's.
+            # Clearly bigger: its area (a triangle's is half a square's of its size) 1.6 times the
+            # other's. `CLOSE_SIZES_SHARE` of the pictures have sizes close, where only a triangle
+            # beside a square or circle is clearly the smaller: the bigger is then the one with more
+            # area, not the wider one.
             small = rng.uniform(0.15, 0.3)
+            times = rng.uniform(0.85, 1.3) if rng.random() < CLOSE_SIZES_SHARE else rng.uniform(1.5, 2.8)
             drawn = random_shapes(rng, 2, distinct=True)
-            found = scene(rng, drawn, sizes=[small, min(0.6, small * rng.uniform(1.5, 2.8))])
+            found = scene(rng, drawn, sizes=[small, min(0.6, small * times)])
             bigger = clearly_bigger(found)
             if bigger is not None:
                 answer = f"the {bigger.colour} {bigger.shape}"
