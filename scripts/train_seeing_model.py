@@ -16,6 +16,8 @@ weights' stamp no longer matches it (`tests/test_seeing.py`, `tests/test_seeing_
 model (its first lesson's, which the later ones leave as it is; the committed model's will do),
 `--third-lesson-from DIR` its third and fourth, on a model saved after its first two, and
 `--fourth-lesson-from DIR` its fourth alone, on one saved after three (`later_lesson`).
+`--answers-seed K` gives lesson two the seed `SEED + K` instead of the recipe's (the notebook's runs
+of other seeds: `docs/SEEING_MODEL_RUNS.md`); its weights are stamped with that seed.
 """
 
 from __future__ import annotations
@@ -177,7 +179,9 @@ def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
     gc.collect()  # the engine's objects go now, not at exit (where their shutdown fails noisily)
 
 
-def later_lesson(lesson: str, source: Path, out: Path, steps: Steps) -> None:
+def later_lesson(
+    lesson: str, source: Path, out: Path, steps: Steps, answers_seed: int = seeing_model.ANSWERS_SEED
+) -> None:
     """The first model's lessons from `lesson` on ("answers", "named" or "boxes"), on a model
     saved before it: what the whole recipe does from there (it rounds the weights to bfloat16, as
     saved, and gives each of these lessons its own seed), without the vision lesson's 40 minutes.
@@ -208,11 +212,21 @@ def later_lesson(lesson: str, source: Path, out: Path, steps: Steps) -> None:
         missing, unexpected = model.model.visual.load_state_dict(tower, strict=False)
         if unexpected or any(seeing_model.taught_in_vision_lesson(name) for name in missing):
             raise RuntimeError(f"the tower in {source} is not this recipe's: {unexpected or missing}")
-    seeing_model.train_after_vision(model, processor, card, steps, report, first=lesson)
+    seeing_model.train_after_vision(model, processor, card, steps, report, lesson, answers_seed)
     model.to(torch.bfloat16).save_pretrained(out)
     # The whole recipe writes its config before training; loading in float32 adds a dtype per part.
     shutil.copy(source / "config.json", out / "config.json")
-    (out / seeing_model.MARKER).write_text(json.dumps(seeing_model.training_stamp(steps)))
+    (out / seeing_model.MARKER).write_text(json.dumps(seeing_model.training_stamp(steps, answers_seed)))
+
+
+def answers_seed(source: Path, lesson: str, offset: int | None) -> int:
+    """Lesson two's seed: `SEED + offset` where lesson two runs and an offset is given; after it,
+    that of the saved model's own lesson two (in its stamp), so that a later lesson's stamp says it."""
+    if lesson == "answers":
+        return seeing_model.ANSWERS_SEED if offset is None else seeing_model.SEED + offset
+    marker = source / seeing_model.MARKER
+    stamp = json.loads(marker.read_text()) if marker.is_file() else {}
+    return int(stamp.get("answers_seed", seeing_model.ANSWERS_SEED))
 
 
 def main() -> None:
@@ -243,6 +257,13 @@ def main() -> None:
         metavar="DIR",
         help="the first model: run only its fourth lesson, on the model in DIR (saved after three)",
     )
+    parser.add_argument(
+        "--answers-seed",
+        type=int,
+        metavar="K",
+        help="with --second-lesson-from: lesson two's seed SEED + K "
+        f"(the recipe's: K = {seeing_model.ANSWERS_SEED - seeing_model.SEED})",
+    )
     parser.add_argument("--per-kind", type=int, default=100, help="held-out questions per kind (0: none)")
     parser.add_argument("--evaluate-only", action="store_true", help="evaluate the model in --out")
     args = parser.parse_args()
@@ -268,6 +289,9 @@ def main() -> None:
             "named": args.third_lesson_from,
             "boxes": args.fourth_lesson_from,
         }
+        if args.answers_seed is not None and args.second_lesson_from is None:
+            # The whole recipe's lesson two keeps its seed: the weights it makes are the app's.
+            parser.error("--answers-seed needs --second-lesson-from (lesson two on a saved model's tower)")
         if any(later.values()):
             if recipe.key != seeing_model.SEEING_KEY:
                 parser.error("only the first model's later lessons can be run on their own")
@@ -276,7 +300,7 @@ def main() -> None:
                 # `out` is emptied first: the model to start from would be deleted.
                 parser.error(f"--out must be another folder than {source}")
             shutil.rmtree(out, ignore_errors=True)
-            later_lesson(lesson, source, out, steps)
+            later_lesson(lesson, source, out, steps, answers_seed(source, lesson, args.answers_seed))
             print(f"{lesson} lesson on in {time.monotonic() - started:.0f} s into {out}", flush=True)
             if args.per_kind:
                 evaluate(recipe, out, args.per_kind)

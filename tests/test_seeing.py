@@ -65,50 +65,54 @@ FOREIGN = Path(__file__).resolve().parent / "data" / "foreign-shapes"
 # pictures and in wordings training never uses (docs/BENCHMARKS.md has the figures). Each is held to
 # it in a strict xfail test of its own, which fails as soon as that kind reaches it, so that these
 # sets shrink to nothing. Meanwhile each may not fall below the share given here, which lets the
-# committed weights (run AB2, 2026-12-06: run OV's tower and recipe, the bigger question's pictures
-# half of them of two shapes close in size, lesson two's seed SEED + 2; the answers do not change
-# from run to run) miss one question more than they do, so that a training that trades one kind
-# for another says so. Held out (36 each: 24 of seed 7 and 12 of seed 11): places 32 (run OV at the
-# floor), counts of a colour 32 (OV 30), the same questions as run OV's; the bigger shape 30,
-# descriptions 31, boxes 20 and the kind of a shape named by its colour 30 (OV at the floor), other
-# questions than run OV's (the bigger question draws other numbers). On the foreign pictures asked
-# (every other one): counts 21/25 (OV 22), descriptions 10/13 (8), boxes 6/12 (6); the bigger shape
-# (11/12, OV 8/12) and counts of a colour (12/13, OV 9/13) reached the floor.
+# committed weights (run H1, 2026-12-06: run AB2's recipe and lessons two and three, lesson four
+# also teaching heads 1 of layers 2 and 3 to look at each shape a description names; the answers
+# do not change from run to run) miss one question more than they do, so that a training that trades
+# one kind for another says so. Held out (36 each: 24 of seed 7 and 12 of seed 11, the same
+# questions as run AB2's): counts of a colour 29 (run AB2 32), the bigger shape 31 (30),
+# descriptions 32 (31), boxes 18 (20), the colour of a shape named by its kind 32 (at the floor),
+# the kind of one named by its colour 32 (30) and a clip's last colour 32 (at the floor); places
+# reached the floor (33, run AB2 32). On the foreign pictures asked (every other one): the bigger
+# shape 10/12 (run AB2 11/12, at the floor), descriptions 10/13 (10), boxes 8/12 (6); counts
+# reached the floor (23/25, run AB2 21).
 BELOW_FLOOR = {
-    "where": 0.86,
-    "colour count": 0.86,
-    "bigger": 0.80,
-    "describe": 0.83,
-    "box": 0.52,
-    "shape of": 0.80,
+    "colour count": 0.77,
+    "bigger": 0.83,
+    "describe": 0.86,
+    "box": 0.47,
+    "colour of": 0.86,
+    "shape of": 0.86,
+    "end": 0.86,
 }
-BELOW_FLOOR_FOREIGN = {"count": 0.80, "describe": 0.69, "box": 0.41}
-# Run AB2's weights: kinds of shape 20/24 ("What shape is shown?" 8/12; run OV 0), counts 16/24 ("How
-# many shapes are shown?" 8/12; OV 0), descriptions 13/24 (OV 14); the bigger shape 12/12 (OV 10).
-STRANGER_BELOW_FLOOR = {"shape": 0.79, "count": 0.62, "describe": 0.50}
+BELOW_FLOOR_FOREIGN = {"bigger": 0.75, "describe": 0.69, "box": 0.58}
+# Run H1's weights: counts 18/24 ("How many shapes are shown?" 8/12; run AB2 16/24), the bigger shape
+# 9/12 (run AB2 12/12), descriptions 14/24 (13); kinds of shape reached the floor (22/24, "What shape
+# is shown?" 10/12; run AB2 20/24).
+STRANGER_BELOW_FLOOR = {"count": 0.70, "bigger": 0.66, "describe": 0.54}
 # Tidy rows of three shapes, the page's own kind of picture (`seeing_check.rows_of_three`), the first
-# 20: run AB2 counts 20 and describes 10 right (run OV 14; of the 40 the evaluation asks, 39 and 22).
-# Its wrong descriptions mostly give the middle shape a neighbour's colour or kind.
-ROWS_ASKED, ROW_DESCRIPTIONS_BELOW_FLOOR = 20, 0.45
+# 20: run H1 counts 20 and describes 18 right (run AB2 10, run OV 14; of the 40 the evaluation
+# asks, 39 and 37). Before lesson four taught heads to look at each shape a description names, the
+# wrong descriptions mostly gave the middle shape a neighbour's colour or kind.
+ROWS_ASKED = 20
 # The same rows with their three shapes in one colour (`seeing_check.one_colour_rows`, the first 20):
-# run AB2 counts all 20 and describes 11 (run OV 9); run FU3, on a tower not taught each shape's
+# run H1 counts all 20 and describes 16 (run AB2 11); run FU3, on a tower not taught each shape's
 # place from the left, counted 15 and described none, each time leaving the middle shape out
 # (docs/SEEING_MODEL_RUNS.md, runs OR and OV). The descriptions are held to the floor by a strict
 # xfail test, and may not fall more than a question.
-ONE_COLOUR_ROWS_BELOW_FLOOR = {"describe": 0.50}
+ONE_COLOUR_ROWS_BELOW_FLOOR = {"describe": 0.75}
 # A visitor asks more than one question about a picture. Asked as the third question of a chat
 # about its picture (`seeing_check.answer_in_a_chat`: the background's colour and how many shapes
 # there are, or a description, asked first and answered by the model, the answers kept in the chat),
 # run Z's weights, taught one question a conversation, lost most kinds (counts 4 of 25, sides 14 of
-# 25, descriptions none). Run AB2, taught follow-up questions, answers most as it does first: of
-# every other foreign picture's questions, counts 22/25 (asked first 21; run OV 21), counts of a
-# colour 11/13 (12; OV 10), descriptions 11/13 (10; OV 9), boxes 6/12 (6; OV 5), the bigger shape
-# (12/12; OV 8/12) and every other kind at the floor (docs/BENCHMARKS.md, "A visitor's third
-# question"). Each kind here keeps what it reached, less a question, and is held to the floor by a
-# strict xfail test.
+# 25, descriptions none). Run H1, taught follow-up questions, answers most as it does first: of
+# every other foreign picture's questions, counts 21/25 (asked first 23; run AB2 22), the bigger
+# shape 10/12 (10; run AB2 12/12), descriptions 11/13 (10; run AB2 11), boxes 6/12 (8; run AB2 6),
+# counts of a colour (12/13; run AB2 11/13) and every other kind at the floor (docs/BENCHMARKS.md,
+# "A visitor's third question"). Each kind here keeps what it reached, less a question, and is held
+# to the floor by a strict xfail test.
 CHAT_BELOW_FLOOR = {
-    "count": 0.84,
-    "colour count": 0.76,
+    "count": 0.80,
+    "bigger": 0.75,
     "describe": 0.76,
     "box": 0.41,
 }
@@ -390,17 +394,19 @@ def test_it_counts_three_in_tidy_rows_of_three_as_the_pages_example(rows):
 
 
 @pytest.mark.xfail(strict=True, reason="issue 29: not yet at the floor (docs/BENCHMARKS.md)")
-@pytest.mark.parametrize("kind", ["row describe", "one-colour row describe"])
-def test_a_kind_of_tidy_row_below_the_floor_reaches_it(rows, kind: str):
+@pytest.mark.parametrize("kind", sorted(ONE_COLOUR_ROWS_BELOW_FLOOR))
+def test_a_kind_of_tidy_row_of_one_colour_below_the_floor_reaches_it(rows, kind: str):
     scores, wrong = rows
-    right, asked = scores[kind]
+    right, asked = scores[f"one-colour row {kind}"]
     assert right >= FLOOR * asked, wrong
 
 
-def test_its_descriptions_of_tidy_rows_of_three_keep_what_they_reached(rows):
+def test_it_describes_tidy_rows_of_three_as_the_pages_example(rows):
+    """The page offers "Describe the picture." about such a row. Run AB2 gave the middle shape a
+    neighbour's colour or kind in half of them; run H1's heads look at each shape it names."""
     scores, wrong = rows
     right, asked = scores["row describe"]
-    assert asked == ROWS_ASKED and right >= ROW_DESCRIPTIONS_BELOW_FLOOR * asked, wrong
+    assert asked == ROWS_ASKED and right >= FLOOR * asked, wrong
 
 
 def test_it_counts_three_shapes_of_one_colour_in_a_tidy_row(rows):
@@ -531,9 +537,9 @@ def test_its_box_is_over_the_shape(loop, manager, decoder, tmp_path: Path):
     spanned both shapes ([120, 100, 880, 880]); run T's was within a tenth ([500, 100, 900, 880]);
     run U's spans both again ([100, 100, 860, 860]); run Z's is on the square's side of the
     picture, not within a tenth ([500, 80, 900, 580]); run FU3's and run OV's are within a tenth;
-    run AB2's is not ([400, 100, 900, 880]). One tidy picture: held out, boxes within a tenth are
-    20 of 36 (docs/BENCHMARKS.md), among several shapes fewer; strict, so that it fails when the
-    box comes within a tenth again."""
+    run AB2's is not ([400, 100, 900, 880]), nor run H1's ([420, 100, 880, 880]). One tidy picture:
+    held out, boxes within a tenth are 18 of 36 (docs/BENCHMARKS.md), among several shapes fewer;
+    strict, so that it fails when the box comes within a tenth again."""
     said, boxes, truth = pointed(loop, manager, decoder, tmp_path)
     box = boxes[0].ordered()
     found = (box.x1, box.y1, box.x2, box.y2)

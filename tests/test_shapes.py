@@ -415,3 +415,61 @@ def test_a_conversation_with_follow_ups_learns_from_every_answer_and_from_no_que
         if item.earlier is not None:
             answers = [item.answer]  # an earlier turn's answer is not learned from
         assert learned == [f"{answer}<|im_end|>" for answer in answers]
+
+
+def test_lesson_four_looks_at_the_shape_each_box_or_described_shape_is_written_about():
+    """`pointing_targets`: while a description writes a shape's colour and kind, or a box its
+    numbers, the heads are taught to look at that shape's tokens: tokens over that shape's box,
+    named by the words written, a description's shapes from left to right (or top to bottom).
+    Read from the batch's tokens and the scene's boxes, not from the labels the targets come from."""
+    from transformers import AutoProcessor
+
+    from app.catalog.cards import load_cards
+
+    folder = ROOT / "static" / "seeing-model"
+    processor = AutoProcessor.from_pretrained(folder)
+    processor.tokenizer.padding_side = "right"
+    tokenizer = processor.tokenizer
+    card = seeing_model.seeing_card(load_cards()[seeing_model.BASE_CARD], folder)
+    rng = random.Random(11)
+    items = [
+        seeing_model.with_follow_ups(rng, example(rng, kind), seeing_model.KINDS)
+        for kind in ("describe", "box") * 12
+    ]
+    batch = seeing_model.model_inputs(processor, card, items, rng)
+    image_token = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    targets = seeing_model.pointing_targets(batch, items, tokenizer, image_token)
+    described: dict[int, list[float]] = {}
+    for row, kind, writing, looked_at in targets:
+        item, ids = items[row], batch["input_ids"][row].tolist()
+        written = tokenizer.decode([ids[position + 1] for position in writing])
+        _, rows, columns = (n // 2 for n in batch["image_grid_thw"][row].tolist())
+        pictured = [position for position, token in enumerate(ids) if token == image_token]
+        width, height = item.scene.image.size
+        centres = [
+            ((column + 0.5) / columns * width, (line + 0.5) / rows * height)
+            for line, column in (divmod(pictured.index(position), columns) for position in looked_at)
+        ]
+        x, y = np.mean(centres, axis=0)
+        # The shape under the looked-at tokens: the one whose box is nearest their middle (a
+        # token looked at is a quarter or more that shape's, so its centre may be off the box).
+        gaps = [
+            np.hypot(max(left - x, 0, x - right), max(top - y, 0, y - bottom))
+            for left, top, right, bottom in item.scene.boxes
+        ]
+        seen = int(np.argmin(gaps))
+        assert gaps[seen] < min(width / columns, height / rows) / 2, (gaps, item.answer)
+        drawn = item.scene.shapes[seen]
+        if kind == "describe":
+            assert written == f" {drawn.colour} {drawn.shape}", (item.answer, written)
+            across = "on the left" in item.answer or "on the right" in item.answer
+            described.setdefault(row, []).append(x if across or len(item.scene.shapes) == 1 else y)
+        else:
+            assert re.fullmatch(r"\d+(, \d+){3}\],", written), written
+            assert json.loads(item.answer)[0]["label"] == f"{drawn.colour} {drawn.shape}"
+    for row, places in described.items():
+        assert places == sorted(places), items[row].answer
+    # A shape no token is a quarter covered by is not looked at (it has no token of its own).
+    shapes_described = sum(len(item.scene.shapes) for item in items if item.kind == "describe")
+    assert shapes_described * 0.9 <= sum(map(len, described.values())) <= shapes_described
+    assert 10 <= sum(kind == "box" for _, kind, _, _ in targets) <= 12

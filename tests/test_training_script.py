@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -31,3 +32,56 @@ def test_steps_it_cannot_train_are_refused_in_one_line_before_training(steps: li
     )
     assert "Traceback" not in done.stderr and not out.exists()
     assert list(tmp_path.iterdir()) == []  # no scratch folder either
+
+
+def test_another_answers_seed_needs_lesson_two_on_its_own(tmp_path: Path):
+    """The whole recipe's lesson two keeps the recipe's seed: its weights are the app's."""
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path / "model"), "--answers-seed", "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith("--answers-seed needs --second-lesson-from (lesson two on a saved model's tower)")
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+ONE_STEP_OF_LESSON_TWO = ["--per-kind", "0", "--answer-steps", "1", "--named-steps", "0", "--box-steps", "0"]
+
+
+def test_lesson_two_of_another_seed_learns_otherwise_and_is_stamped_with_it(tmp_path: Path):
+    """`--answers-seed K`: lesson two draws other questions (other weights from the same
+    tower), and the stamp says so, so that the app never takes them for the recipe's; a later
+    lesson run on them keeps saying it."""
+    from safetensors.torch import load_file
+
+    from app.demo import seeing_model
+    from app.demo.models import SEEING_FOLDER
+
+    def run(*arguments: str) -> None:
+        done = subprocess.run(
+            [sys.executable, str(SCRIPT), *ONE_STEP_OF_LESSON_TWO, *arguments],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+
+    for name, seed in (("recipe's", []), ("other", ["--answers-seed", "5"])):
+        run("--second-lesson-from", str(SEEING_FOLDER), "--out", str(tmp_path / name), *seed)
+    run("--fourth-lesson-from", str(tmp_path / "other"), "--box-steps", "1", "--out", str(tmp_path / "later"))
+    steps = seeing_model.Steps(vision=12000, answers=1, named=0, boxes=0)
+    assert seeing_model.made_by(tmp_path / "recipe's", seeing_model.training_stamp(steps))
+    other = seeing_model.training_stamp(steps, seeing_model.SEED + 5)
+    assert other["answers_seed"] == seeing_model.SEED + 5
+    assert seeing_model.made_by(tmp_path / "other", other)
+    assert not seeing_model.made_by(tmp_path / "other", seeing_model.training_stamp(steps))
+    later = json.loads((tmp_path / "later" / seeing_model.MARKER).read_text())
+    assert later["answers_seed"] == seeing_model.SEED + 5 and later["steps"]["boxes"] == 1
+    weights = [load_file(tmp_path / name / "model.safetensors") for name in ("recipe's", "other")]
+    assert any(not weights[0][key].equal(weights[1][key]) for key in weights[0])

@@ -181,11 +181,18 @@ def seeing_card(base: ModelCard, folder: Path) -> ModelCard:
     return ModelCard.model_validate(fields)
 
 
-def training_stamp(steps: Steps = STEPS) -> dict[str, Any]:
+def training_stamp(steps: Steps = STEPS, answers_seed: int = ANSWERS_SEED) -> dict[str, Any]:
     """What a trained model was made by: the training's version and steps, and the hash of the
-    data generator's and the training's source. Any change to them means training again."""
+    data generator's and the training's source. Any change to them means training again. A
+    lesson two of another seed than `ANSWERS_SEED` (`scripts/train_seeing_model.py
+    --answers-seed`) is stamped with it, so that its weights are never taken for the recipe's."""
     sources = b"".join(Path(module.__file__ or "").read_bytes() for module in (shapes, sys.modules[__name__]))
-    return {"version": SEEING_VERSION, "steps": asdict(steps), "sources": hashlib.sha256(sources).hexdigest()}
+    stamp = {
+        "version": SEEING_VERSION,
+        "steps": asdict(steps),
+        "sources": hashlib.sha256(sources).hexdigest(),
+    }
+    return stamp if answers_seed == ANSWERS_SEED else {**stamp, "answers_seed": answers_seed}
 
 
 def made_by(folder: Path, stamp: dict[str, Any]) -> bool:
@@ -277,13 +284,15 @@ def train_after_vision(
     steps: Steps,
     report: Callable[[str], None],
     first: str = "answers",
+    answers_seed: int = ANSWERS_SEED,
 ) -> None:
     """Lessons two to four from `first` on ("answers", "named" or "boxes"), those with steps.
-    Each starts from the weights as they are served (bfloat16) with a seed of its own, so that any
-    of them can be run again from a model saved before it (`scripts/train_seeing_model.py
-    --second-lesson-from`, on a saved model's tower; `--third-lesson-from`, `--fourth-lesson-from`)."""
+    Each starts from the weights as they are served (bfloat16) with a seed of its own (lesson
+    two's `answers_seed`), so that any of them can be run again from a model saved before it
+    (`scripts/train_seeing_model.py --second-lesson-from`, on a saved model's tower;
+    `--third-lesson-from`, `--fourth-lesson-from`)."""
     lessons = {
-        "answers": (teach_answers, ANSWERS_SEED),
+        "answers": (teach_answers, answers_seed),
         "named": (teach_named, NAMED_SEED),
         "boxes": (teach_boxes, BOXES_SEED),
     }
@@ -544,44 +553,92 @@ def teach_boxes(
     model.set_attn_implementation("sdpa")
 
 
-def pointing_loss(
-    attentions: Any, batch: dict[str, Any], items: list[Example], tokenizer: Any, image_token: int
-) -> Any:
-    """Minus the log of `POINTING_HEADS`' attention on the named shape's tokens at each position
-    whose next token is part of a box's numbers, averaged over heads and boxes (None: no box of
-    one picture in the batch to point at)."""
-    import torch
+# A description's words for each shape ("a red circle on the left"): where lesson four teaches
+# `POINTING_HEADS` to look at the shape a box is asked for, it teaches `DESCRIBING_HEADS` to look at
+# the shape whose colour and kind a description is writing. Descriptions of tidy rows gave the
+# middle shape a neighbour's colour or kind about half the time (run AB2, docs/SEEING_MODEL_RUNS.md).
+# What that loss is multiplied by, against the boxes' 1.
+DESCRIBED_SHAPE = re.compile(r"\b[Aa] (\w+ \w+) (?:on|at|in) the (\w+)")
+DESCRIBING_HEADS, DESCRIPTION_POINTING = ((2, 1), (3, 1)), 1.0
 
+
+def pointed_at(item: Example, text: str) -> list[tuple[int, tuple[int, int]]]:
+    """What `item`'s answer `text` should look at while it is written: (the scene's shape, the
+    characters of `text` written looking at it); for a box, its numbers and their closing bracket;
+    for a description, each shape's colour and kind, the shapes in the order the description
+    names them (`shapes.description`: left to right, or top to bottom)."""
+    found = item.scene
+    names = [f"{drawn.colour} {drawn.shape}" for drawn in found.shapes]
+    if item.kind == "box":
+        named = names.index(json.loads(item.answer)[0]["label"])
+        numbers = text.index("[", 1) + 1  # after the list's bracket, the numbers' own
+        return [(named, (numbers, text.index("]", numbers) + 1))]
+    matches = list(DESCRIBED_SHAPE.finditer(text))
+    axis = 1 if any(m.group(2) in ("top", "bottom") for m in matches) else 0
+    order = sorted(range(len(found.shapes)), key=lambda i: found.centre(i)[axis])
+    if [m.group(1) for m in matches] != [names[i] for i in order]:
+        raise ValueError(f"a description that does not name its picture's shapes in order: {text!r}")
+    return [(shape, match.span(1)) for shape, match in zip(order, matches, strict=True)]
+
+
+def pointing_targets(
+    batch: dict[str, Any], items: list[Example], tokenizer: Any, image_token: int
+) -> list[tuple[int, str, list[int], list[int]]]:
+    """Where lesson four teaches `POINTING_HEADS` and `DESCRIBING_HEADS` to look, in a batch of
+    `items`: (its row, the question's kind, the positions whose next token is written about a
+    shape (`pointed_at`), the positions of that shape's picture tokens), for every box and
+    described shape of a question about one picture with no earlier turn."""
     grids = batch["image_grid_thw"].tolist() if "image_grid_thw" in batch else []
-    terms, first_image = [], 0
+    targets, first_image = [], 0
     for row, item in enumerate(items):
         pictures = len(item.images) + (len(item.earlier[0]) if item.earlier else 0)
         grid, first_image = first_image, first_image + pictures
-        if item.kind != "box" or pictures != 1 or item.earlier is not None:
+        if item.kind not in ("box", "describe") or pictures != 1 or item.earlier is not None:
             continue
         _, rows, columns = grids[grid]
         rows, columns = rows // 2, columns // 2  # the merger's 2x2 patches make a token
-        label = json.loads(item.answer)[0]["label"]
-        named = next(
-            i for i, drawn in enumerate(item.scene.shapes) if f"{drawn.colour} {drawn.shape}" == label
-        )
         ids = batch["input_ids"][row].tolist()
         pictured = [position for position, token in enumerate(ids) if token == image_token]
-        samples = token_samples(item.scene, rows, columns)
-        looked_at = [p for p, s in zip(pictured, samples, strict=True) if token_owner(s) == named]
-        if not looked_at:
-            continue
+        owners = [token_owner(s) for s in token_samples(item.scene, rows, columns)]
         labelled = (batch["labels"][row] != -100).nonzero().flatten().tolist()
-        # The box is the first answer learned from; follow-ups' answers come after it.
+        # The question's answer is the first learned from; follow-ups' answers come after it.
         answer = [p for i, p in enumerate(labelled) if p - i == labelled[0]]
         pieces = [tokenizer.decode([ids[position]]) for position in answer]
-        opening = next(i for i, piece in enumerate(pieces) if "[" in piece and i > 0)
-        closing = next(i for i in range(opening + 1, len(pieces)) if "]" in pieces[i])
-        writing = list(range(answer[0] + opening, answer[0] + closing))
-        for layer, head in POINTING_HEADS:
+        starts = np.cumsum([0, *map(len, pieces)])
+        for shape, (begin, end) in pointed_at(item, "".join(pieces)):
+            looked_at = [p for p, owner in zip(pictured, owners, strict=True) if owner == shape]
+            # The positions whose next token is one of the characters begin to end.
+            writing = [
+                position - 1
+                for position, start, stop in zip(answer, starts, starts[1:], strict=False)
+                if start < end and stop > begin
+            ]
+            if looked_at:
+                targets.append((row, item.kind, writing, looked_at))
+    return targets
+
+
+def pointing_loss(
+    attentions: Any, batch: dict[str, Any], items: list[Example], tokenizer: Any, image_token: int
+) -> Any:
+    """Minus the log of `POINTING_HEADS`' attention on a shape's tokens at each position whose
+    next token is written about it (`pointing_targets`), averaged over heads and boxes, plus the
+    same of `DESCRIBING_HEADS` over heads and described shapes times `DESCRIPTION_POINTING`
+    (None: no box or description of one picture in the batch)."""
+    import torch
+
+    terms: dict[str, list[Any]] = {"box": [], "describe": []}
+    heads = {"box": POINTING_HEADS, "describe": DESCRIBING_HEADS}
+    for row, kind, writing, looked_at in pointing_targets(batch, items, tokenizer, image_token):
+        for layer, head in heads[kind]:
             share = attentions[layer][row, head][writing][:, looked_at].sum(-1)
-            terms.append(-torch.log(share + 1e-4).mean())
-    return torch.stack(terms).mean() if terms else None
+            terms[kind].append(-torch.log(share + 1e-4).mean())
+    losses = [
+        torch.stack(found).mean() * (DESCRIPTION_POINTING if kind == "describe" else 1.0)
+        for kind, found in terms.items()
+        if found
+    ]
+    return sum(losses) if losses else None
 
 
 def teach_text(
