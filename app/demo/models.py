@@ -34,13 +34,13 @@ SEEING_MODELS = (SEEING_KEY, SECOND_KEY)
 # The kinds of question (`app.demo.shapes.KINDS`) the page offers each seeing model as examples
 # (`app.views.widgets`): those it was taught and gets right at least half the time held out
 # (docs/BENCHMARKS.md; the tests hold each model to it and ask it every example it is offered),
-# boxes aside. The first: every kind (of the tests' 36 held out in run AB2, the bigger shape and the
-# kind of a shape named by its colour 30, descriptions 31, places and counts of a colour 32); boxes
-# are offered though about half land within a tenth of the picture (20 of 36): they are the only
-# boxes a CPU page draws, each named as asked. The second takes no clips and writes no boxes, was
-# not taught a shape named among several, and is offered neither the kind of shape (45%), counts of
-# a colour (42%), the bigger of two (35%) nor descriptions (13%): asked to describe the page's three
-# shapes, it named two.
+# boxes aside. The first: every kind (of the tests' 36 held out in run H1, counts of a colour 29,
+# the bigger shape 31, descriptions, the colour of a shape named by its kind, the kind of one named
+# by its colour and a clip's last colour 32); boxes are offered though about half land within a
+# tenth of the picture (18 of 36): they are the only boxes a CPU page draws, each named as asked.
+# The second takes no clips and writes no boxes, was not taught a shape named among several, and
+# is offered neither the kind of shape (45%), counts of a colour (42%), the bigger of two (35%) nor
+# descriptions (13%): asked to describe the page's three shapes, it named two.
 EXAMPLE_KINDS = {
     SEEING_KEY: KINDS,
     SECOND_KEY: tuple(

@@ -201,8 +201,9 @@ ROWS, ROWS_SEED = 40, 7
 # three shapes share one colour 1 time in 25, so counting colours was nearly always right in
 # training: run FU3 counted such a row "two" one time in four and described none. Run OV, whose
 # tower learned each shape's place from the left on pictures a third of them in one colour, counts
-# 40 of 40 and describes 21, run AB2, on its tower, 40 and 23 (docs/SEEING_MODEL_RUNS.md, runs RC,
-# OR, OV and AB2).
+# 40 of 40 and describes 21, run AB2, on its tower, 40 and 23, and run H1, whose lesson four teaches
+# heads to look at each shape a description names, 40 and 32 (docs/SEEING_MODEL_RUNS.md, runs RC,
+# OR, OV, AB2 and H1).
 ONE_COLOUR_ROWS_SEED = 8
 
 
