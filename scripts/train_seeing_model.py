@@ -17,7 +17,8 @@ model (its first lesson's, which the later ones leave as it is; the committed mo
 `--third-lesson-from DIR` its third and fourth, on a model saved after its first two, and
 `--fourth-lesson-from DIR` its fourth alone, on one saved after three (`later_lesson`).
 `--answers-seed K` gives lesson two the seed `SEED + K` instead of the recipe's (the notebook's runs
-of other seeds: `docs/SEEING_MODEL_RUNS.md`); its weights are stamped with that seed.
+of other seeds: `docs/SEEING_MODEL_RUNS.md`); weights of a seed other than the recipe's are
+stamped with it.
 """
 
 from __future__ import annotations
@@ -269,6 +270,9 @@ def main() -> None:
     args = parser.parse_args()
     recipe = RECIPES[args.model]
     out = args.out or recipe.folder
+    if args.answers_seed is not None and (args.second_lesson_from is None or args.evaluate_only):
+        # The whole recipe's lesson two keeps its seed: the weights it makes are the app's.
+        parser.error("--answers-seed needs --second-lesson-from (lesson two on a saved model's tower)")
     if not args.evaluate_only:
         started = time.monotonic()
         scratch = out.parent / f".{out.name}-training"
@@ -289,9 +293,6 @@ def main() -> None:
             "named": args.third_lesson_from,
             "boxes": args.fourth_lesson_from,
         }
-        if args.answers_seed is not None and args.second_lesson_from is None:
-            # The whole recipe's lesson two keeps its seed: the weights it makes are the app's.
-            parser.error("--answers-seed needs --second-lesson-from (lesson two on a saved model's tower)")
         if any(later.values()):
             if recipe.key != seeing_model.SEEING_KEY:
                 parser.error("only the first model's later lessons can be run on their own")

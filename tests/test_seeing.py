@@ -403,7 +403,8 @@ def test_a_kind_of_tidy_row_of_one_colour_below_the_floor_reaches_it(rows, kind:
 
 def test_it_describes_tidy_rows_of_three_as_the_pages_example(rows):
     """The page offers "Describe the picture." about such a row. Run AB2 gave the middle shape a
-    neighbour's colour or kind in half of them; run H1's heads look at each shape it names."""
+    neighbour's colour or kind in half of them; run H1's lesson four teaches heads to look at each
+    shape a description names."""
     scores, wrong = rows
     right, asked = scores["row describe"]
     assert asked == ROWS_ASKED and right >= FLOOR * asked, wrong

@@ -10,6 +10,7 @@ import json
 import random
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -417,11 +418,10 @@ def test_a_conversation_with_follow_ups_learns_from_every_answer_and_from_no_que
         assert learned == [f"{answer}<|im_end|>" for answer in answers]
 
 
-def test_lesson_four_looks_at_the_shape_each_box_or_described_shape_is_written_about():
-    """`pointing_targets`: while a description writes a shape's colour and kind, or a box its
-    numbers, the heads are taught to look at that shape's tokens: tokens over that shape's box,
-    named by the words written, a description's shapes from left to right (or top to bottom).
-    Read from the batch's tokens and the scene's boxes, not from the labels the targets come from."""
+@pytest.fixture(scope="module")
+def lesson_four_batch() -> tuple[Any, list[shapes.Example], dict[str, Any], int]:
+    """A batch of twelve descriptions and twelve boxes (some with follow-ups) as lesson four
+    trains on them: the tokenizer, the questions, the batch and the picture token's id."""
     from transformers import AutoProcessor
 
     from app.catalog.cards import load_cards
@@ -429,7 +429,6 @@ def test_lesson_four_looks_at_the_shape_each_box_or_described_shape_is_written_a
     folder = ROOT / "static" / "seeing-model"
     processor = AutoProcessor.from_pretrained(folder)
     processor.tokenizer.padding_side = "right"
-    tokenizer = processor.tokenizer
     card = seeing_model.seeing_card(load_cards()[seeing_model.BASE_CARD], folder)
     rng = random.Random(11)
     items = [
@@ -437,7 +436,15 @@ def test_lesson_four_looks_at_the_shape_each_box_or_described_shape_is_written_a
         for kind in ("describe", "box") * 12
     ]
     batch = seeing_model.model_inputs(processor, card, items, rng)
-    image_token = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    return processor.tokenizer, items, batch, processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+
+
+def test_lesson_four_looks_at_the_shape_each_box_or_described_shape_is_written_about(lesson_four_batch):
+    """`pointing_targets`: while a description writes a shape's colour and kind, or a box its
+    numbers, the heads are taught to look at that shape's tokens: tokens over that shape's box,
+    named by the words written, a description's shapes from left to right (or top to bottom).
+    Read from the batch's tokens and the scene's boxes, not from the labels the targets come from."""
+    tokenizer, items, batch, image_token = lesson_four_batch
     targets = seeing_model.pointing_targets(batch, items, tokenizer, image_token)
     described: dict[int, list[float]] = {}
     for row, kind, writing, looked_at in targets:
@@ -473,3 +480,49 @@ def test_lesson_four_looks_at_the_shape_each_box_or_described_shape_is_written_a
     shapes_described = sum(len(item.scene.shapes) for item in items if item.kind == "describe")
     assert shapes_described * 0.9 <= sum(map(len, described.values())) <= shapes_described
     assert 10 <= sum(kind == "box" for _, kind, _, _ in targets) <= 12
+
+
+def test_the_describing_heads_and_the_pointing_heads_each_learn_their_own_answers(
+    lesson_four_batch, monkeypatch
+):
+    """`pointing_loss`: attention of `DESCRIBING_HEADS` on each described shape lowers it by the
+    descriptions' term times `DESCRIPTION_POINTING`, that of `POINTING_HEADS` on each boxed shape
+    by the boxes' term; neither set of heads is taught the other's answers. Attention spread evenly
+    over every position is the start; each term is minus the log of the share on the shape."""
+    import torch
+
+    monkeypatch.setattr(seeing_model, "DESCRIPTION_POINTING", 3.0)  # not the boxes' 1, to tell them apart
+    tokenizer, items, batch, image_token = lesson_four_batch
+    targets = seeing_model.pointing_targets(batch, items, tokenizer, image_token)
+    rows, length = batch["input_ids"].shape
+    layers = 1 + max(layer for layer, _ in seeing_model.POINTING_HEADS + seeing_model.DESCRIBING_HEADS)
+    heads = 1 + max(head for _, head in seeing_model.POINTING_HEADS + seeing_model.DESCRIBING_HEADS)
+
+    def loss_when(kind: str, looking: tuple[tuple[int, int], ...]) -> float:
+        """The loss where `looking` heads put all their attention on the shape of each `kind` target."""
+        attentions = [torch.full((rows, heads, length, length), 1 / length) for _ in range(layers)]
+        for row, target_kind, writing, looked_at in targets:
+            for layer, head in looking if target_kind == kind else ():
+                for position in writing:
+                    attentions[layer][row, head, position] = 0.0
+                    attentions[layer][row, head, position, looked_at] = 1 / len(looked_at)
+        return float(seeing_model.pointing_loss(attentions, batch, items, tokenizer, image_token))
+
+    def evenly(kind: str) -> float:
+        """One kind's term with attention spread evenly: minus the log of the shape's share."""
+        terms = [-np.log(len(looked_at) / length + 1e-4) for _, of, _, looked_at in targets if of == kind]
+        assert terms, kind
+        return float(np.mean(terms))
+
+    start = loss_when("box", ())
+    assert start == pytest.approx(
+        evenly("box") + seeing_model.DESCRIPTION_POINTING * evenly("describe"), rel=1e-4
+    )
+    looked = -np.log(1 + 1e-4)  # all the attention on the shape
+    described = loss_when("describe", seeing_model.DESCRIBING_HEADS)
+    assert described == pytest.approx(evenly("box") + seeing_model.DESCRIPTION_POINTING * looked, rel=1e-4)
+    boxed = loss_when("box", seeing_model.POINTING_HEADS)
+    assert boxed == pytest.approx(looked + seeing_model.DESCRIPTION_POINTING * evenly("describe"), rel=1e-4)
+    # Other heads looking at those shapes change nothing: each set is taught its own answers.
+    assert loss_when("describe", seeing_model.POINTING_HEADS) == pytest.approx(start, rel=1e-6)
+    assert loss_when("box", seeing_model.DESCRIBING_HEADS) == pytest.approx(start, rel=1e-6)

@@ -1,4 +1,5 @@
-"""`scripts/train_seeing_model.py` refuses steps it cannot train before it trains anything."""
+"""`scripts/train_seeing_model.py` refuses steps it cannot train, and a seed of lesson two it
+would not use, before it trains anything; a lesson two of another seed is stamped with it."""
 
 from __future__ import annotations
 
@@ -34,10 +35,12 @@ def test_steps_it_cannot_train_are_refused_in_one_line_before_training(steps: li
     assert list(tmp_path.iterdir()) == []  # no scratch folder either
 
 
-def test_another_answers_seed_needs_lesson_two_on_its_own(tmp_path: Path):
-    """The whole recipe's lesson two keeps the recipe's seed: its weights are the app's."""
+@pytest.mark.parametrize("without", [[], ["--second-lesson-from", "static/seeing-model", "--evaluate-only"]])
+def test_another_answers_seed_needs_lesson_two_on_its_own(without: list[str], tmp_path: Path):
+    """The whole recipe's lesson two keeps the recipe's seed: its weights are the app's; and an
+    evaluation trains nothing, so a seed there would be ignored."""
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--out", str(tmp_path / "model"), "--answers-seed", "5"],
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path / "model"), "--answers-seed", "5", *without],
         capture_output=True,
         text=True,
         timeout=120,
@@ -54,6 +57,7 @@ def test_another_answers_seed_needs_lesson_two_on_its_own(tmp_path: Path):
 ONE_STEP_OF_LESSON_TWO = ["--per-kind", "0", "--answer-steps", "1", "--named-steps", "0", "--box-steps", "0"]
 
 
+@pytest.mark.slow  # three trainings of a step, about 13 s
 def test_lesson_two_of_another_seed_learns_otherwise_and_is_stamped_with_it(tmp_path: Path):
     """`--answers-seed K`: lesson two draws other questions (other weights from the same
     tower), and the stamp says so, so that the app never takes them for the recipe's; a later

@@ -91,7 +91,8 @@ REWORDED = 0.5
 # (lesson three's, with more of the kinds that taught heads cost most: counts, the bigger shape,
 # the colour of a named shape). Taught boxes alone, the model forgot every other kind; mixed in as lesson
 # three draws them, boxes went from 0% to half held out, and the other kinds lost about one foreign
-# question in thirty (docs/BENCHMARKS.md). Nothing changes at inference: still a plain Qwen3-VL.
+# question in thirty (docs/BENCHMARKS.md). It teaches other heads (`DESCRIBING_HEADS`) to look at
+# each shape a description names, too. Nothing changes at inference: still a plain Qwen3-VL.
 BOXES_SEED, BOXES_SHARE, POINTING_HEADS = SEED + 4, 1 / 3, ((2, 0), (3, 0))
 BOXES_WEIGHTS = {**NAMED_WEIGHTS, "count": 5, "bigger": 4, "colour of": 4}
 # Lesson two's kinds: lesson three's named kinds came later, and lesson two asks only the kinds
@@ -542,6 +543,7 @@ def teach_boxes(
 ) -> None:
     """Lesson four: a share `BOXES_SHARE` of the questions boxes, the rest drawn by
     `BOXES_WEIGHTS`, with `POINTING_HEADS` taught to look at the named shape while a box's numbers
+    are written, and `DESCRIBING_HEADS` at each shape a description names while its colour and kind
     are written (`pointing_loss`). Attention weights are only given by the eager implementation."""
 
     def draw(progress: float) -> Example:
@@ -557,8 +559,10 @@ def teach_boxes(
 # `POINTING_HEADS` to look at the shape a box is asked for, it teaches `DESCRIBING_HEADS` to look at
 # the shape whose colour and kind a description is writing. Descriptions of tidy rows gave the
 # middle shape a neighbour's colour or kind about half the time (run AB2: 22 of 40 right; run H1:
-# 37). Taught to the boxes' own heads, the boxes fell (runs D1 and D3, docs/SEEING_MODEL_RUNS.md).
-# What that loss is multiplied by, against the boxes' 1 (3 and 0.5 were no better, runs D3 and D05).
+# 37). On the boxes' own heads the rows were described as well, and the boxes fell with the term
+# times 1 and 3 and held times 0.5 (runs D1, D3 and D05, docs/SEEING_MODEL_RUNS.md); on heads of
+# their own (run H1) they held with it times 1, the only multiplier tried there. What that loss is
+# multiplied by, against the boxes' 1.
 DESCRIBED_SHAPE = re.compile(r"\b[Aa] (\w+ \w+) (?:on|at|in) the (\w+)")
 DESCRIBING_HEADS, DESCRIPTION_POINTING = ((2, 1), (3, 1)), 1.0
 
