@@ -225,9 +225,7 @@ def answers_seed(source: Path, lesson: str, offset: int | None) -> int:
     that of the saved model's own lesson two (in its stamp), so that a later lesson's stamp says it."""
     if lesson == "answers":
         return seeing_model.ANSWERS_SEED if offset is None else seeing_model.SEED + offset
-    marker = source / seeing_model.MARKER
-    stamp = json.loads(marker.read_text()) if marker.is_file() else {}
-    return int(stamp.get("answers_seed", seeing_model.ANSWERS_SEED))
+    return int(seeing_model.stamp_of(source).get("answers_seed", seeing_model.ANSWERS_SEED))
 
 
 def main() -> None:

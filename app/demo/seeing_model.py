@@ -196,9 +196,14 @@ def training_stamp(steps: Steps = STEPS, answers_seed: int = ANSWERS_SEED) -> di
     return stamp if answers_seed == ANSWERS_SEED else {**stamp, "answers_seed": answers_seed}
 
 
-def made_by(folder: Path, stamp: dict[str, Any]) -> bool:
+def stamp_of(folder: Path) -> dict[str, Any]:
+    """The stamp the model in `folder` was saved with (`training_stamp`); empty where it has none."""
     marker = Path(folder) / MARKER
-    return marker.is_file() and json.loads(marker.read_text()) == stamp
+    return json.loads(marker.read_text()) if marker.is_file() else {}
+
+
+def made_by(folder: Path, stamp: dict[str, Any]) -> bool:
+    return stamp_of(folder) == stamp
 
 
 def build_seeing_model(
@@ -563,7 +568,10 @@ def teach_boxes(
 # times 1 and 3 and held times 0.5 (runs D1, D3 and D05, docs/SEEING_MODEL_RUNS.md); on heads of
 # their own (run H1) they held with it times 1, the only multiplier tried there. What that loss is
 # multiplied by, against the boxes' 1.
-DESCRIBED_SHAPE = re.compile(r"\b[Aa] (\w+ \w+) (?:on|at|in) the (\w+)")
+DESCRIBED_SHAPE = re.compile(
+    r"\b[Aa] (\w+ \w+) (" + "|".join(map(re.escape, shapes.PLACE_PHRASES.values())) + ")"
+)
+ONE_ABOVE_ANOTHER = {shapes.PLACE_PHRASES["top"], shapes.PLACE_PHRASES["bottom"]}
 DESCRIBING_HEADS, DESCRIPTION_POINTING = ((2, 1), (3, 1)), 1.0
 
 
@@ -579,7 +587,7 @@ def pointed_at(item: Example, text: str) -> list[tuple[int, tuple[int, int]]]:
         numbers = text.index("[", 1) + 1  # after the list's bracket, the numbers' own
         return [(named, (numbers, text.index("]", numbers) + 1))]
     matches = list(DESCRIBED_SHAPE.finditer(text))
-    axis = 1 if any(m.group(2) in ("top", "bottom") for m in matches) else 0
+    axis = 1 if any(m.group(2) in ONE_ABOVE_ANOTHER for m in matches) else 0
     order = sorted(range(len(found.shapes)), key=lambda i: found.centre(i)[axis])
     if [m.group(1) for m in matches] != [names[i] for i in order]:
         raise ValueError(f"a description that does not name its picture's shapes in order: {text!r}")
