@@ -3,7 +3,6 @@ would not use, before it trains anything; a lesson two of another seed is stampe
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -85,7 +84,7 @@ def test_lesson_two_of_another_seed_learns_otherwise_and_is_stamped_with_it(tmp_
     assert other["answers_seed"] == seeing_model.SEED + 5
     assert seeing_model.made_by(tmp_path / "other", other)
     assert not seeing_model.made_by(tmp_path / "other", seeing_model.training_stamp(steps))
-    later = json.loads((tmp_path / "later" / seeing_model.MARKER).read_text())
+    later = seeing_model.stamp_of(tmp_path / "later")
     assert later["answers_seed"] == seeing_model.SEED + 5 and later["steps"]["boxes"] == 1
     weights = [load_file(tmp_path / name / "model.safetensors") for name in ("recipe's", "other")]
     assert any(not weights[0][key].equal(weights[1][key]) for key in weights[0])

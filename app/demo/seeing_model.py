@@ -640,17 +640,14 @@ def pointing_loss(
     (None: no box or description of one picture in the batch)."""
     import torch
 
-    terms: dict[str, list[Any]] = {"box": [], "describe": []}
-    heads = {"box": POINTING_HEADS, "describe": DESCRIBING_HEADS}
+    # Each kind's heads and what its term is multiplied by.
+    looking = {"box": (POINTING_HEADS, 1.0), "describe": (DESCRIBING_HEADS, DESCRIPTION_POINTING)}
+    terms: dict[str, list[Any]] = {kind: [] for kind in looking}
     for row, kind, writing, looked_at in pointing_targets(batch, items, tokenizer, image_token):
-        for layer, head in heads[kind]:
+        for layer, head in looking[kind][0]:
             share = attentions[layer][row, head][writing][:, looked_at].sum(-1)
             terms[kind].append(-torch.log(share + 1e-4).mean())
-    losses = [
-        torch.stack(found).mean() * (DESCRIPTION_POINTING if kind == "describe" else 1.0)
-        for kind, found in terms.items()
-        if found
-    ]
+    losses = [torch.stack(found).mean() * looking[kind][1] for kind, found in terms.items() if found]
     return sum(losses) if losses else None
 
 
