@@ -28,6 +28,7 @@ import asyncio
 import dataclasses
 import gc
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -41,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.catalog.cards import ModelCard, load_cards  # noqa: E402
-from app.demo import seeing_llava, seeing_model  # noqa: E402
+from app.demo import numerics, seeing_llava, seeing_model  # noqa: E402
 from app.demo.models import SECOND_FOLDER, SEEING_FOLDER, use_local_vllm_environment  # noqa: E402
 from app.demo.seeing_check import (  # noqa: E402
     FOREIGN_KINDS,
@@ -117,7 +118,9 @@ def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
     """The model in `folder` asked `per_kind` held-out questions of each kind, the foreign set, the
     README example, wordings training never uses and the foreign set again as a chat's third
     question (`seeing_check.answer_in_a_chat`), through the app's engine manager and the
-    real vLLM engine (greedy); prints the share right per kind, and the foreign set's wrong answers."""
+    real vLLM engine (greedy); prints the share right per kind, and the foreign set's wrong answers.
+    The engines run as the app serves, whatever the training was pinned to."""
+    numerics.unpin()
     use_local_vllm_environment(Path(tempfile.mkdtemp(prefix="vllm-seeing-")))
     from app.config import Settings
     from app.engines.manager import EngineManager
@@ -286,6 +289,10 @@ def main() -> None:
             # Refused before training: an answers lesson of no steps failed after the whole
             # vision lesson, with nothing saved.
             parser.error("--vision-steps and --answer-steps take 1 or more, the later lessons' 0 or more")
+        if not numerics.pinned():
+            # torch reads a pin as it loads: this script again, from its start, with the pins.
+            os.execve(sys.executable, sys.orig_argv, numerics.pinned_environ())  # noqa: S606
+        numerics.pin_torch(lambda line: print(line, flush=True))
         later = {
             "answers": args.second_lesson_from,
             "named": args.third_lesson_from,

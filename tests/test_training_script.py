@@ -3,6 +3,7 @@ would not use, before it trains anything; a lesson two of another seed is stampe
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -88,3 +89,60 @@ def test_lesson_two_of_another_seed_learns_otherwise_and_is_stamped_with_it(tmp_
     assert later["answers_seed"] == seeing_model.SEED + 5 and later["steps"]["boxes"] == 1
     weights = [load_file(tmp_path / name / "model.safetensors") for name in ("recipe's", "other")]
     assert any(not weights[0][key].equal(weights[1][key]) for key in weights[0])
+
+
+# A few steps of the whole recipe: enough for any difference in rounding to show in the weights
+# (with one step of each lesson, Adam's first step, about the sign of each gradient, hid some).
+A_FEW_STEPS = ["--vision-steps", "2", "--answer-steps", "2", "--named-steps", "0", "--box-steps", "0"]
+# What another x86-64 machine computes with: AVX2 at most in oneDNN, MKL and numpy, one core, and a
+# person's own choices of torch's kernels and MKL's mode, which the pins override.
+ANOTHER_MACHINE = {
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "NPY_DISABLE_CPU_FEATURES": "AVX512F,AVX512CD,AVX512_SKX,AVX512_CLX,AVX512_CNL,AVX512_ICL,AVX512_SPR",
+    "OMP_NUM_THREADS": "1",
+    "ATEN_CPU_CAPABILITY": "default",
+    "MKL_CBWR": "COMPATIBLE",
+}
+
+
+def without_pins() -> dict[str, str]:
+    from app.demo import numerics
+
+    pins = {*numerics.PINNED, numerics.REPLACED}
+    return {name: value for name, value in os.environ.items() if name not in pins}
+
+
+@pytest.mark.slow  # two trainings of four steps, about 30 s
+def test_one_seed_makes_the_same_weights_on_a_machine_that_computes_otherwise(tmp_path: Path):
+    """Issue 29's "reproducible": the script pins the training's arithmetic (`app.demo.numerics`),
+    so with oneDNN, MKL and numpy held to an older machine's instructions, on one core, and torch's
+    kernels and MKL's mode set otherwise, it makes the same bytes; without the pins each of those
+    made other bytes."""
+
+    def script(out: Path, environ: dict[str, str]) -> bytes:
+        done = subprocess.run(
+            [sys.executable, str(SCRIPT), "--per-kind", "0", *A_FEW_STEPS, "--out", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=environ,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return (out / "model.safetensors").read_bytes()
+
+    here = script(tmp_path / "here", without_pins())
+    assert script(tmp_path / "there", {**without_pins(), **ANOTHER_MACHINE}) == here
+
+
+def test_the_pins_go_back_to_what_they_replaced_for_the_evaluation():
+    """The script's engines evaluate in the environment it was started in (the app's), not the
+    training's pins."""
+    from app.demo import numerics
+
+    started = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin"}
+    pinned = numerics.pinned_environ(started)
+    assert numerics.pinned(pinned) and not numerics.pinned(started)
+    assert numerics.pinned_environ(pinned) == pinned  # pinned again (the script started again)
+    numerics.unpin(pinned)
+    assert pinned == started

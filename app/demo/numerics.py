@@ -1,0 +1,77 @@
+"""The seeing models' training arithmetic, pinned so that one seed makes the same weights on any
+x86-64 machine with AVX2 (issue 29: "reproducible").
+
+Left to themselves, torch's own kernels (softmax, norms, attention, sums), MKL's matrix products
+and oneDNN's convolutions each take the widest instructions the CPU has, and a sum taken in
+another order rounds otherwise; training amplifies the difference. Run H1's recipe, run again on
+an AMD EPYC, gave other weights (docs/SEEING_MODEL_RUNS.md, run H1E). On one machine, 30 steps of
+the recipe gave other bytes with torch's kernels held to AVX2, with oneDNN's held to AVX2, with
+MKL's reproducible mode and on two threads instead of one; with the pins below, holding torch's,
+MKL's, oneDNN's or numpy's instructions to AVX2 on top changed nothing. Not yet checked on a
+second machine; an ARM machine computes otherwise whatever is pinned.
+
+torch reads `ATEN_CPU_CAPABILITY` once, as it loads, so a process that has loaded torch cannot be
+pinned after: `scripts/train_seeing_model.py` starts itself again with `pinned_environ` and calls
+`pin_torch` before it trains, and evaluates through vLLM in the environment it was started from
+(`unpin`), as the app serves. A test that trains again in its own process, where the committed
+weights' stamp no longer matches the code, trains unpinned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping, MutableMapping
+
+PINNED = {
+    # torch's own kernels as compiled for AVX2, which every x86-64 machine of the last decade has
+    # (the AVX-512 ones add in another order).
+    "ATEN_CPU_CAPABILITY": "avx2",
+    # MKL's conditional numerical reproducibility: its AVX2 code path whatever the CPU's vendor
+    # and width (on an Intel CPU with AVX-512 it would take another).
+    "MKL_CBWR": "AVX2",
+    # A sum split among threads is added in another order: two, the project's machines' cores.
+    "OMP_NUM_THREADS": "2",
+    "MKL_NUM_THREADS": "2",
+}
+# Where `pinned_environ` keeps what the pins replaced, for `unpin`.
+REPLACED = "SEEING_UNPINNED"
+
+
+def pinned(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether a process with `environ` trains with the pins."""
+    return all(environ.get(name) == value for name, value in PINNED.items())
+
+
+def pinned_environ(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """`environ` with the pins, and a note of what they replaced."""
+    replaced = {name: environ.get(name) for name in PINNED}
+    return {**environ, **PINNED, REPLACED: environ.get(REPLACED) or json.dumps(replaced)}
+
+
+def unpin(environ: MutableMapping[str, str] = os.environ) -> None:
+    """`environ` back as it was before `pinned_environ`: what processes started later (vLLM's
+    engines, which evaluate a trained model) run under."""
+    replaced = environ.pop(REPLACED, None)
+    for name, value in json.loads(replaced).items() if replaced else ():
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value
+
+
+def pin_torch(report: Callable[[str], None]) -> None:
+    """What is pinned in a pinned process itself, before it trains: oneDNN left out (its
+    convolution kernels are generated for the CPU at hand; without it torch convolves with MKL's
+    matrix products), and a line where the CPU cannot do as pinned."""
+    import torch
+
+    if not pinned():
+        raise RuntimeError("training's arithmetic is pinned only in a process started with pinned_environ")
+    torch.backends.mkldnn.enabled = False
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability != "AVX2":
+        report(
+            f"this CPU computes with {capability}, not AVX2: the weights will differ from those "
+            "another machine makes from the same seed"
+        )
