@@ -18,7 +18,8 @@ model (its first lesson's, which the later ones leave as it is; the committed mo
 `--fourth-lesson-from DIR` its fourth alone, on one saved after three (`later_lesson`).
 `--answers-seed K` gives lesson two the seed `SEED + K` instead of the recipe's (the notebook's runs
 of other seeds: `docs/SEEING_MODEL_RUNS.md`); weights of a seed other than the recipe's are
-stamped with it.
+stamped with it. It trains with the arithmetic pinned (`app.demo.numerics`: it starts itself again
+with the pins), so that one seed makes the same weights on any x86-64 machine with AVX2.
 """
 
 from __future__ import annotations
@@ -118,9 +119,7 @@ def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
     """The model in `folder` asked `per_kind` held-out questions of each kind, the foreign set, the
     README example, wordings training never uses and the foreign set again as a chat's third
     question (`seeing_check.answer_in_a_chat`), through the app's engine manager and the
-    real vLLM engine (greedy); prints the share right per kind, and the foreign set's wrong answers.
-    The engines run as the app serves, whatever the training was pinned to."""
-    numerics.unpin()
+    real vLLM engine (greedy); prints the share right per kind, and the foreign set's wrong answers."""
     use_local_vllm_environment(Path(tempfile.mkdtemp(prefix="vllm-seeing-")))
     from app.config import Settings
     from app.engines.manager import EngineManager
@@ -290,8 +289,10 @@ def main() -> None:
             # vision lesson, with nothing saved.
             parser.error("--vision-steps and --answer-steps take 1 or more, the later lessons' 0 or more")
         if not numerics.pinned():
+            if os.environ.get(numerics.REPLACED):
+                raise RuntimeError("started again with the training's pins, and they were not kept")
             # torch reads a pin as it loads: this script again, from its start, with the pins.
-            os.execve(sys.executable, sys.orig_argv, numerics.pinned_environ())  # noqa: S606
+            started_again(numerics.pinned_environ(), sys.orig_argv[1:])
         numerics.pin_torch(lambda line: print(line, flush=True))
         later = {
             "answers": args.second_lesson_from,
@@ -309,7 +310,7 @@ def main() -> None:
             later_lesson(lesson, source, out, steps, answers_seed(source, lesson, args.answers_seed))
             print(f"{lesson} lesson on in {time.monotonic() - started:.0f} s into {out}", flush=True)
             if args.per_kind:
-                evaluate(recipe, out, args.per_kind)
+                evaluate_as_served(args.model, out, args.per_kind)
             return
         folder = recipe.build(
             scratch, load_cards()[recipe.base], steps, report=lambda line: print(line, flush=True)
@@ -321,7 +322,26 @@ def main() -> None:
         shutil.rmtree(scratch)
         print(f"trained in {time.monotonic() - started:.0f} s into {out}", flush=True)
     if args.per_kind:
-        evaluate(recipe, out, args.per_kind)
+        if args.evaluate_only:
+            evaluate(recipe, out, args.per_kind)
+        else:
+            evaluate_as_served(args.model, out, args.per_kind)
+
+
+def started_again(environ: dict[str, str], arguments: list[str]) -> None:
+    """This script, from its start, in this process, with `environ` and `arguments`: the same
+    interpreter (a bare `python` that names another would lose the virtual environment)."""
+    os.execve(sys.executable, [sys.executable, *arguments], environ)  # noqa: S606 (this script)
+
+
+def evaluate_as_served(model: str, out: Path, per_kind: int) -> None:
+    """`evaluate`, in this script started again without the training's pins: the app serves with
+    torch's kernels, threads and oneDNN as the machine has them, and the processor's resizing in
+    this process and the engines' arithmetic are then the same as the app's."""
+    environ = dict(os.environ)
+    numerics.unpin(environ)
+    arguments = ["--model", model, "--out", str(out), "--per-kind", str(per_kind), "--evaluate-only"]
+    started_again(environ, [str(Path(__file__).resolve()), *arguments])
 
 
 if __name__ == "__main__":

@@ -1,20 +1,20 @@
-"""The seeing models' training arithmetic, pinned so that one seed makes the same weights on any
-x86-64 machine with AVX2 (issue 29: "reproducible").
+"""The seeing models' training arithmetic, pinned so that one seed should make the same weights on
+any x86-64 machine with AVX2, Intel's or AMD's (issue 29: "reproducible").
 
 Left to themselves, torch's own kernels (softmax, norms, attention, sums), MKL's matrix products
 and oneDNN's convolutions each take the widest instructions the CPU has, and a sum taken in
-another order rounds otherwise; training amplifies the difference. Run H1's recipe, run again on
-an AMD EPYC, gave other weights (docs/SEEING_MODEL_RUNS.md, run H1E). On one machine, 30 steps of
+another order rounds otherwise; training carries the difference on. Run H1's recipe, run again on
+an AMD EPYC, gave other weights (docs/SEEING_MODEL_RUNS.md, run H1E). On that machine, 30 steps of
 the recipe gave other bytes with torch's kernels held to AVX2, with oneDNN's held to AVX2, with
-MKL's reproducible mode and on two threads instead of one; with the pins below, holding torch's,
-MKL's, oneDNN's or numpy's instructions to AVX2 on top changed nothing. Not yet checked on a
-second machine; an ARM machine computes otherwise whatever is pinned.
+MKL's reproducible mode and on two threads instead of one; with the pins below, holding oneDNN's,
+MKL's or numpy's instructions to AVX2 on top changed nothing. Checked on that one machine only, by
+holding its libraries to narrower instructions; an ARM machine computes otherwise whatever is pinned.
 
 torch reads `ATEN_CPU_CAPABILITY` once, as it loads, so a process that has loaded torch cannot be
-pinned after: `scripts/train_seeing_model.py` starts itself again with `pinned_environ` and calls
-`pin_torch` before it trains, and evaluates through vLLM in the environment it was started from
-(`unpin`), as the app serves. A test that trains again in its own process, where the committed
-weights' stamp no longer matches the code, trains unpinned.
+pinned after: `scripts/train_seeing_model.py` starts itself again with `pinned_environ`, calls
+`pin_torch` before it trains, and evaluates in a process started again as it was first (`unpin`),
+as the app serves. A test that trains again in its own process, where the committed weights' stamp
+no longer matches the code, trains unpinned.
 """
 
 from __future__ import annotations
@@ -24,15 +24,19 @@ import os
 from collections.abc import Callable, Mapping, MutableMapping
 
 PINNED = {
-    # torch's own kernels as compiled for AVX2, which every x86-64 machine of the last decade has
-    # (the AVX-512 ones add in another order).
+    # torch's own kernels as compiled for AVX2, which x86-64 machines of the last decade have (the
+    # AVX-512 ones add in another order).
     "ATEN_CPU_CAPABILITY": "avx2",
-    # MKL's conditional numerical reproducibility: its AVX2 code path whatever the CPU's vendor
-    # and width (on an Intel CPU with AVX-512 it would take another).
-    "MKL_CBWR": "AVX2",
-    # A sum split among threads is added in another order: two, the project's machines' cores.
+    # MKL's conditional numerical reproducibility: the one mode MKL documents as the same on Intel
+    # and other vendors' CPUs (its AVX2 mode is documented for Intel's alone, and on others falls
+    # back to the CPU's own path). It costs the most: about 40% to 60% more time a step.
+    "MKL_CBWR": "COMPATIBLE",
+    # A sum split among threads is added in another order: two, the project's machines' cores,
+    # and never fewer when the machine is busy (MKL and OpenMP would otherwise choose).
     "OMP_NUM_THREADS": "2",
     "MKL_NUM_THREADS": "2",
+    "MKL_DYNAMIC": "FALSE",
+    "OMP_DYNAMIC": "FALSE",
 }
 # Where `pinned_environ` keeps what the pins replaced, for `unpin`.
 REPLACED = "SEEING_UNPINNED"
@@ -45,13 +49,15 @@ def pinned(environ: Mapping[str, str] = os.environ) -> bool:
 
 def pinned_environ(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """`environ` with the pins, and a note of what they replaced."""
+    if pinned(environ) and environ.get(REPLACED):
+        return dict(environ)
     replaced = {name: environ.get(name) for name in PINNED}
-    return {**environ, **PINNED, REPLACED: environ.get(REPLACED) or json.dumps(replaced)}
+    return {**environ, **PINNED, REPLACED: json.dumps(replaced)}
 
 
 def unpin(environ: MutableMapping[str, str] = os.environ) -> None:
-    """`environ` back as it was before `pinned_environ`: what processes started later (vLLM's
-    engines, which evaluate a trained model) run under."""
+    """`environ` back as it was before `pinned_environ`: what the script's evaluation, started
+    again, runs under, as the app serves."""
     replaced = environ.pop(REPLACED, None)
     for name, value in json.loads(replaced).items() if replaced else ():
         if value is None:
@@ -63,12 +69,14 @@ def unpin(environ: MutableMapping[str, str] = os.environ) -> None:
 def pin_torch(report: Callable[[str], None]) -> None:
     """What is pinned in a pinned process itself, before it trains: oneDNN left out (its
     convolution kernels are generated for the CPU at hand; without it torch convolves with MKL's
-    matrix products), and a line where the CPU cannot do as pinned."""
+    matrix products), the threads checked, and a line where the CPU cannot do as pinned."""
     import torch
 
     if not pinned():
         raise RuntimeError("training's arithmetic is pinned only in a process started with pinned_environ")
     torch.backends.mkldnn.enabled = False
+    if torch.get_num_threads() != int(PINNED["OMP_NUM_THREADS"]):
+        raise RuntimeError(f"training's arithmetic is pinned to {PINNED['OMP_NUM_THREADS']} threads")
     capability = torch.backends.cpu.get_cpu_capability()
     if capability != "AVX2":
         report(
