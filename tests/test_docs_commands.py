@@ -47,7 +47,8 @@ RUN_BY: list[tuple[str, str]] = [
         ".venv/bin/python bench/memory_table.py",
         "tests/test_memory.py::test_the_memory_table_in_the_docs_is_what_the_script_prints",
     ),
-    # The script's training and evaluation are the functions the seeing tests call.
+    # The script's training and evaluation are the functions the seeing tests call (the script
+    # trains with the arithmetic pinned; `tests/test_training_script.py` runs it).
     (
         ".venv/bin/python scripts/train_seeing_model.py",
         "tests/test_seeing.py::test_held_out_accuracy_is_above_the_floor_for_every_question_kind",
