@@ -19,7 +19,8 @@ model (its first lesson's, which the later ones leave as it is; the committed mo
 `--answers-seed K` gives lesson two the seed `SEED + K` instead of the recipe's (the notebook's runs
 of other seeds: `docs/SEEING_MODEL_RUNS.md`); weights of a seed other than the recipe's are
 stamped with it. It trains with the arithmetic pinned (`app.demo.numerics`: it starts itself again
-with the pins), so that one seed makes the same weights on any x86-64 machine with AVX2.
+with the pins), so that one seed should make the same weights on any x86-64 machine with AVX2
+(checked on one machine: docs/SEEING_MODEL_RUNS.md).
 """
 
 from __future__ import annotations
@@ -182,6 +183,11 @@ def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
     gc.collect()  # the engine's objects go now, not at exit (where their shutdown fails noisily)
 
 
+def printed(line: str) -> None:
+    """How the training reports its progress: a line on the output at once."""
+    print(line, flush=True)
+
+
 def later_lesson(
     lesson: str, source: Path, out: Path, steps: Steps, answers_seed: int = seeing_model.ANSWERS_SEED
 ) -> None:
@@ -202,7 +208,6 @@ def later_lesson(
     processor.tokenizer.padding_side = "right"  # as `seeing_model.train` trains
     model = Qwen3VLForConditionalGeneration.from_pretrained(source, dtype=torch.float32)
     card = seeing_model.seeing_card(load_cards()[seeing_model.BASE_CARD], out)
-    report = lambda line: print(line, flush=True)  # noqa: E731
     if lesson == "answers":
         saved = model
         torch.manual_seed(seeing_model.SEED)  # as `seeing_model.train` makes the model
@@ -215,7 +220,7 @@ def later_lesson(
         missing, unexpected = model.model.visual.load_state_dict(tower, strict=False)
         if unexpected or any(seeing_model.taught_in_vision_lesson(name) for name in missing):
             raise RuntimeError(f"the tower in {source} is not this recipe's: {unexpected or missing}")
-    seeing_model.train_after_vision(model, processor, card, steps, report, lesson, answers_seed)
+    seeing_model.train_after_vision(model, processor, card, steps, printed, lesson, answers_seed)
     model.to(torch.bfloat16).save_pretrained(out)
     # The whole recipe writes its config before training; loading in float32 adds a dtype per part.
     shutil.copy(source / "config.json", out / "config.json")
@@ -293,7 +298,7 @@ def main() -> None:
                 raise RuntimeError("started again with the training's pins, and they were not kept")
             # torch reads a pin as it loads: this script again, from its start, with the pins.
             started_again(numerics.pinned_environ(), sys.orig_argv[1:])
-        numerics.pin_torch(lambda line: print(line, flush=True))
+        numerics.pin_torch(printed)
         later = {
             "answers": args.second_lesson_from,
             "named": args.third_lesson_from,
@@ -312,9 +317,7 @@ def main() -> None:
             if args.per_kind:
                 evaluate_as_served(args.model, out, args.per_kind)
             return
-        folder = recipe.build(
-            scratch, load_cards()[recipe.base], steps, report=lambda line: print(line, flush=True)
-        )
+        folder = recipe.build(scratch, load_cards()[recipe.base], steps, report=printed)
         shutil.rmtree(out, ignore_errors=True)
         # With the stamp of the code that made them: the tests use these weights instead of
         # training again until the training or the data generator changes.

@@ -137,8 +137,8 @@ def test_one_seed_makes_the_same_weights_on_a_machine_that_computes_otherwise(tm
 
 
 def test_the_pins_go_back_to_what_they_replaced_for_the_evaluation():
-    """The script's engines evaluate in the environment it was started in (the app's), not the
-    training's pins."""
+    """The script's evaluation, started again, runs in the environment the script was started in
+    (the app's), not the training's pins."""
     from app.demo import numerics
 
     started = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin"}
