@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -152,3 +153,37 @@ def test_the_pins_go_back_to_what_they_replaced_for_the_evaluation():
     pinned = numerics.pinned_environ(stale)
     numerics.unpin(pinned)
     assert pinned == started
+
+
+def test_the_pinned_patch_embedding_is_the_convolution_it_replaces(monkeypatch: pytest.MonkeyPatch):
+    """The pins embed the first model's patches in one product (`numerics.patches_as_one_product`):
+    the same values and the same gradient for the convolution's weights as the convolution gives."""
+    import torch
+    from transformers.models.qwen3_vl import modeling_qwen3_vl
+
+    from app.demo import numerics, seeing_model
+
+    embedding = modeling_qwen3_vl.Qwen3VLVisionPatchEmbed
+    monkeypatch.setattr(embedding, "forward", embedding.forward)  # the class's own again afterwards
+    vision = seeing_model.VISION
+    config = SimpleNamespace(
+        patch_size=vision["patch_size"],
+        temporal_patch_size=2,
+        in_channels=3,
+        hidden_size=vision["hidden_size"],
+    )
+    torch.manual_seed(0)
+    embed = embedding(config)
+    pixels = torch.randn(300, 3 * 2 * vision["patch_size"] ** 2)
+
+    def embedded() -> tuple[torch.Tensor, torch.Tensor]:
+        embed.zero_grad()
+        values = embed(pixels)
+        (values * torch.linspace(-1, 1, values.numel()).view_as(values)).sum().backward()
+        return values.detach(), embed.proj.weight.grad.clone()
+
+    convolved, convolved_gradient = embedded()
+    numerics.patches_as_one_product()
+    product, product_gradient = embedded()
+    torch.testing.assert_close(product, convolved, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(product_gradient, convolved_gradient, rtol=1e-4, atol=1e-4)
