@@ -122,19 +122,34 @@ def test_one_seed_makes_the_same_weights_on_a_machine_that_computes_otherwise(tm
     threads, torch's kernels and MKL's path, it makes the same bytes. Without the pins, oneDNN held
     to AVX2, one thread, torch's kernels or MKL's path set otherwise each made other bytes."""
 
-    def script(out: Path, environ: dict[str, str]) -> bytes:
-        done = subprocess.run(
-            [sys.executable, str(SCRIPT), "--per-kind", "0", *A_FEW_STEPS, "--out", str(out)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=environ,
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-        return (out / "model.safetensors").read_bytes()
+    here = trained(tmp_path / "here", without_pins(), A_FEW_STEPS)
+    assert trained(tmp_path / "there", {**without_pins(), **ANOTHER_MACHINE}, A_FEW_STEPS) == here
 
-    here = script(tmp_path / "here", without_pins())
-    assert script(tmp_path / "there", {**without_pins(), **ANOTHER_MACHINE}) == here
+
+@pytest.mark.slow  # three trainings of a few steps, about 40 s
+def test_the_recipe_in_two_runs_makes_the_whole_recipes_weights(tmp_path: Path):
+    """The whole recipe may be trained in two runs, so that the tower can be kept between sessions
+    (docs/SEEING_MODEL_RUNS.md, run PW): the vision lesson with one step of lesson two, then
+    lessons two to four on its tower (`--second-lesson-from`). Pinned, as the script trains, the
+    bytes are the whole recipe's."""
+    whole = trained(tmp_path / "whole", without_pins(), A_FEW_STEPS)
+    vision = [*A_FEW_STEPS[:2], "--answer-steps", "1", "--named-steps", "0", "--box-steps", "0"]
+    trained(tmp_path / "tower", without_pins(), vision)
+    rest = [*A_FEW_STEPS, "--second-lesson-from", str(tmp_path / "tower")]
+    assert trained(tmp_path / "rest", without_pins(), rest) == whole
+
+
+def trained(out: Path, environ: dict[str, str], arguments: list[str]) -> bytes:
+    """The weights the script makes into `out` with `arguments`, not evaluated."""
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--per-kind", "0", *arguments, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environ,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return (out / "model.safetensors").read_bytes()
 
 
 def test_the_pins_go_back_to_what_they_replaced_for_the_evaluation():
@@ -164,7 +179,8 @@ def test_the_pinned_patch_embedding_is_the_convolution_it_replaces(monkeypatch: 
     from app.demo import numerics, seeing_model
 
     embedding = modeling_qwen3_vl.Qwen3VLVisionPatchEmbed
-    monkeypatch.setattr(embedding, "forward", embedding.forward)  # the class's own again afterwards
+    convolving = embedding.forward
+    monkeypatch.setattr(embedding, "forward", convolving)  # the class's own again afterwards
     vision = seeing_model.VISION
     config = SimpleNamespace(
         patch_size=vision["patch_size"],
@@ -172,9 +188,10 @@ def test_the_pinned_patch_embedding_is_the_convolution_it_replaces(monkeypatch: 
         in_channels=3,
         hidden_size=vision["hidden_size"],
     )
-    torch.manual_seed(0)
-    embed = embedding(config)
-    pixels = torch.randn(300, 3 * 2 * vision["patch_size"] ** 2)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        embed = embedding(config)
+        pixels = torch.randn(300, 3 * 2 * vision["patch_size"] ** 2)
 
     def embedded() -> tuple[torch.Tensor, torch.Tensor]:
         embed.zero_grad()
@@ -184,6 +201,13 @@ def test_the_pinned_patch_embedding_is_the_convolution_it_replaces(monkeypatch: 
 
     convolved, convolved_gradient = embedded()
     numerics.patches_as_one_product()
-    product, product_gradient = embedded()
+    assert embedding.forward is not convolving
+
+    def not_convolved(*arguments: object, **options: object) -> None:
+        raise AssertionError("the patches were convolved")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(torch.nn.functional, "conv3d", not_convolved)
+        product, product_gradient = embedded()
     torch.testing.assert_close(product, convolved, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(product_gradient, convolved_gradient, rtol=1e-4, atol=1e-4)

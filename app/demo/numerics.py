@@ -93,9 +93,10 @@ def patches_as_one_product() -> None:
     """Qwen3-VL's patch embedding (the first seeing model's) computed as the one matrix product it
     is: a convolution whose kernel is the patch, over an input of one patch, is a linear map of the
     patch's pixels. Without oneDNN, torch convolves one patch at a time, a small product for each of
-    a batch's 2,000 patches: that took a third of a vision lesson's step (0.49 s a step pinned on
-    two cores, 0.37 s with one product). The weights keep the convolution's shape, as served. The
-    LLaVA's tower convolves whole pictures, a product per picture, and is left as it is."""
+    a batch's 1,000 to 3,000 patches: under the profiler, 145 ms of a 490 ms vision step. 300 steps
+    of the vision lesson pinned on two cores took 120 and 119 s convolving, 89 and 83 s with one
+    product (docs/SEEING_MODEL_RUNS.md, run PW). The weights keep the convolution's shape, as
+    served. The LLaVA's tower convolves whole pictures, a product per picture, and is left as it is."""
     import torch
     from transformers.models.qwen3_vl import modeling_qwen3_vl
 
