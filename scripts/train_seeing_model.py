@@ -8,7 +8,7 @@ engine:
 
 `first` (the default): the tiny Qwen3-VL of `app.demo.seeing_model`, into `static/seeing-model`
 (about 85 minutes on two CPU cores unpinned, the vision lesson about 40 and lessons two to four 44
-in run FU2; about 136 with the arithmetic pinned in run PW, below). `second`: the tiny LLaVA-1.5 of
+in run FU2; about 137 with the arithmetic pinned in run PW, below). `second`: the tiny LLaVA-1.5 of
 `app.demo.seeing_llava`, into `static/seeing-model-llava` (about 11 minutes unpinned, 33 pinned in
 run LP).
 Evaluating takes a minute or two. The tests train again from the same code where the committed

@@ -31,8 +31,8 @@ PINNED = {
     # MKL's conditional numerical reproducibility: the one mode MKL documents as the same on Intel
     # and other vendors' CPUs (its AVX2 mode is documented for Intel's alone, and on others falls
     # back to the CPU's own path). It is most of what the pins cost: a few steps of each lesson on
-    # two threads took 67 s pinned (before the patches were one product), 46 s with MKL's AVX2 mode
-    # instead, 41 s unpinned.
+    # two threads took 67 s pinned, 46 s with MKL's AVX2 mode instead, 41 s unpinned (measured while
+    # the patches were still convolved).
     "MKL_CBWR": "COMPATIBLE",
     # A sum split among threads is added in another order: two, the project's machines' cores,
     # and never fewer when the machine is busy (MKL and OpenMP would otherwise choose).
