@@ -126,17 +126,22 @@ def test_one_seed_makes_the_same_weights_on_a_machine_that_computes_otherwise(tm
     assert trained(tmp_path / "there", {**without_pins(), **ANOTHER_MACHINE}, A_FEW_STEPS) == here
 
 
-@pytest.mark.slow  # three trainings of a few steps, about 40 s
-def test_the_recipe_in_two_runs_makes_the_whole_recipes_weights(tmp_path: Path):
+@pytest.mark.slow  # five trainings of a few steps, about 60 s
+def test_the_recipe_in_two_runs_or_lesson_by_lesson_makes_the_whole_recipes_weights(tmp_path: Path):
     """The whole recipe may be trained in two runs, so that the tower can be kept between sessions
-    (docs/SEEING_MODEL_RUNS.md, run PW): the vision lesson with one step of lesson two, then
-    lessons two to four on its tower (`--second-lesson-from`). Pinned, as the script trains, the
-    bytes are the whole recipe's."""
+    (docs/SEEING_MODEL_RUNS.md, run PW): the vision and answers lessons, then lessons two to four
+    on its tower (`--second-lesson-from`); or each later lesson on its own, on the model the lesson
+    before it saved (`--third-lesson-from`, `--fourth-lesson-from`), so that one lesson can be
+    changed and run again alone. Pinned, as the script trains, the bytes are the whole recipe's."""
     whole = trained(tmp_path / "whole", without_pins(), A_FEW_STEPS)
-    vision = [*A_FEW_STEPS[:2], "--answer-steps", "1", "--named-steps", "0", "--box-steps", "0"]
-    trained(tmp_path / "tower", without_pins(), vision)
-    rest = [*A_FEW_STEPS, "--second-lesson-from", str(tmp_path / "tower")]
+    two = [*A_FEW_STEPS[:4], "--named-steps", "0", "--box-steps", "0"]
+    trained(tmp_path / "two", without_pins(), two)
+    rest = [*A_FEW_STEPS, "--second-lesson-from", str(tmp_path / "two")]
     assert trained(tmp_path / "rest", without_pins(), rest) == whole
+    three = [*A_FEW_STEPS[:6], "--box-steps", "0", "--third-lesson-from", str(tmp_path / "two")]
+    trained(tmp_path / "three", without_pins(), three)
+    four = [*A_FEW_STEPS, "--fourth-lesson-from", str(tmp_path / "three")]
+    assert trained(tmp_path / "four", without_pins(), four) == whole
 
 
 def trained(out: Path, environ: dict[str, str], arguments: list[str]) -> bytes:
