@@ -126,7 +126,7 @@ def test_one_seed_makes_the_same_weights_on_a_machine_that_computes_otherwise(tm
     assert trained(tmp_path / "there", {**without_pins(), **ANOTHER_MACHINE}, A_FEW_STEPS) == here
 
 
-@pytest.mark.slow  # five trainings of a few steps, about 45 s
+@pytest.mark.slow  # five trainings of a few steps, about 45 s alone, 70 s in the suite
 def test_the_recipe_in_two_runs_or_lesson_by_lesson_makes_the_whole_recipes_weights(tmp_path: Path):
     """The whole recipe may be trained in two runs, so that the tower can be kept between sessions
     (docs/SEEING_MODEL_RUNS.md, run PW): the vision and answers lessons, then lessons two to four
