@@ -121,7 +121,8 @@ def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
     """The model in `folder` asked `per_kind` held-out questions of each kind, the foreign set, the
     README example, wordings training never uses and the foreign set again as a chat's third
     question (`seeing_check.answer_in_a_chat`), through the app's engine manager and the
-    real vLLM engine (greedy); prints the share right per kind, and the foreign set's wrong answers."""
+    real vLLM engine (greedy); prints the share right per kind, and the wrong answers on the
+    foreign set, the rows and the wordings training never uses."""
     use_local_vllm_environment(Path(tempfile.mkdtemp(prefix="vllm-seeing-")))
     from app.config import Settings
     from app.engines.manager import EngineManager
@@ -171,6 +172,8 @@ def evaluate(recipe: Recipe, folder: Path, per_kind: int) -> None:
             print(f"wordings training never uses, on the foreign set's pictures ({STRANGER_PICTURES} each):")
             for wording, (right, count) in tally(strangers, said, by_wording).items():
                 print(f"  {wording:50} {right}/{count}")
+            for line in wrong_answers(strangers, said):
+                print(f"  wrong: {line}")
             asked = [q for q in foreign_set(FOREIGN) if q.kind in recipe.foreign_kinds] + readme_example()
             said = await answers_in_a_chat(manager, recipe.key, decoder, asked)
             print("the foreign set and the README example, each the third question of a chat about it:")
