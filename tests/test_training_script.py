@@ -1,12 +1,16 @@
 """`scripts/train_seeing_model.py` refuses steps it cannot train, and a seed of lesson two it
 would not use, before it trains anything; a lesson two of another seed is stamped with it; its
-arithmetic is pinned, so that another machine's settings make the same weights."""
+arithmetic is pinned, so that another machine's settings make the same weights, and this machine
+makes the bytes recorded on another."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import platform
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -115,25 +119,124 @@ def without_pins() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if name not in pins}
 
 
+# The bytes `A_FEW_STEPS` make pinned, as recorded on one machine, with what made them: the hashes
+# of the files that decide what is trained (the training's modules, its pins, its script, the
+# text model's twin and the card whose prompt format renders every lesson) and the versions of the
+# libraries that compute, resize, tokenize and save (held in requirements-cpu.txt). The suite must
+# make them again on any x86-64 machine with AVX2: the pins' promise checked on each CPU it runs
+# on, not only imitated on one (docs/SEEING_MODEL_RUNS.md, "The pins on a second CPU").
+PINNED_FEW_STEPS = {
+    "made_with": {
+        "sources": "707b3c0b1cb62efdc758ce516b8b51412bf024f58406631efaaff824a26c6003",
+        "numerics": "1c20ee23547b47a0ea04cfa7e5b0534262d0ff7c9dc19cf26dbb7036f4fc339e",
+        "script": "70553210b34c7a77b18202e00f914336884823bdd7e5783828a220fde3431c3f",
+        "twin and card": "36e74861057ceb70915c79b88ff419306d2103f281476a6f1335f03b6d2068a1",
+        "versions": {
+            "torch": "2.13.0+cpu",
+            "torchvision": "0.28.0",
+            "transformers": "5.19.0",
+            "tokenizers": "0.23.3",
+            "safetensors": "0.8.0",
+            "numpy": "2.3.5",
+            "pillow": "12.3.0",
+        },
+    },
+    "sha256": "517cef728604cdca9861e9337d88de7cf970f630925066afcac6d4dff56d959c",
+    "recorded_on": "AMD EPYC, family 25 model 1 (AVX2, no AVX-512), 2026-12-07",
+}
+ROOT = SCRIPT.parent.parent
+TWIN_AND_CARD = [
+    "app/demo/twins/common.py",
+    "app/demo/twins/native.py",
+    "app/catalog/adapters.py",
+    "model_cards/qwen3_vl.yaml",
+]
+
+
+def made_with_here() -> dict[str, object]:
+    """What the recorded bytes depend on, as this checkout and environment have it."""
+    from app.demo import numerics, seeing_model
+
+    def hashed(*paths: Path) -> str:
+        return hashlib.sha256(b"".join(path.read_bytes() for path in paths)).hexdigest()
+
+    return {
+        "sources": seeing_model.training_stamp()["sources"],
+        "numerics": hashed(Path(numerics.__file__)),
+        "script": hashed(SCRIPT),
+        "twin and card": hashed(*(ROOT / name for name in TWIN_AND_CARD)),
+        "versions": {name: version(name) for name in PINNED_FEW_STEPS["made_with"]["versions"]},
+    }
+
+
+@pytest.fixture(scope="module")
+def pinned_here(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """The weights `A_FEW_STEPS` make here, pinned as the script trains, from a person's settings."""
+    return trained(tmp_path_factory.mktemp("pinned") / "here", without_pins(), A_FEW_STEPS)
+
+
 @pytest.mark.slow  # two trainings of eight steps, about 40 s
-def test_one_seed_makes_the_same_weights_on_a_machine_that_computes_otherwise(tmp_path: Path):
+def test_one_seed_makes_the_same_weights_on_a_machine_that_computes_otherwise(
+    pinned_here: bytes, tmp_path: Path
+):
     """Issue 29's "reproducible": the script pins the training's arithmetic (`app.demo.numerics`),
     so with oneDNN, MKL and numpy held to narrower instructions, and a person's own settings of the
     threads, torch's kernels and MKL's path, it makes the same bytes. Without the pins, oneDNN held
     to AVX2, one thread, torch's kernels or MKL's path set otherwise each made other bytes."""
-
-    here = trained(tmp_path / "here", without_pins(), A_FEW_STEPS)
-    assert trained(tmp_path / "there", {**without_pins(), **ANOTHER_MACHINE}, A_FEW_STEPS) == here
+    assert trained(tmp_path / "there", {**without_pins(), **ANOTHER_MACHINE}, A_FEW_STEPS) == pinned_here
 
 
-@pytest.mark.slow  # five trainings of a few steps, about 45 s alone, 70 s in the suite
-def test_the_recipe_in_two_runs_or_lesson_by_lesson_makes_the_whole_recipes_weights(tmp_path: Path):
+@pytest.mark.slow  # the training above, shared (about 20 s alone)
+def test_one_seed_makes_the_bytes_recorded_on_one_machine_on_this_one(pinned_here: bytes):
+    """The same seed makes the bytes recorded on one machine (`PINNED_FEW_STEPS`), so that the
+    suite checks the pins on whatever x86-64 CPU with AVX2 it runs on. A change to what decides
+    the training (the record's files) makes other bytes by design: record them again from the
+    message below; a change of a library's version is a change of requirements-cpu.txt first."""
+    if platform.machine() != "x86_64" or "avx2" not in cpu_flags():
+        pytest.skip("the pins hold x86-64 machines with AVX2 to AVX2; this one computes otherwise")
+    recorded = PINNED_FEW_STEPS["made_with"]
+    here = {"made_with": made_with_here(), "sha256": hashlib.sha256(pinned_here).hexdigest()}
+    assert here["made_with"]["versions"] == recorded["versions"], (
+        "the libraries are not requirements-cpu.txt's (run scripts/setup-cpu-env.sh); after a change "
+        f"of requirements-cpu.txt, record {here} on {cpu_model()}"
+    )
+    assert here["made_with"] == recorded, (
+        f"what decides the training changed since the bytes were recorded; record {here} on {cpu_model()}"
+    )
+    assert here["sha256"] == PINNED_FEW_STEPS["sha256"], (
+        f"this machine ({cpu_model()}) makes other bytes than {PINNED_FEW_STEPS['recorded_on']} did from "
+        "the same seed, files and libraries: the pins (app/demo/numerics.py) do not hold on this CPU, "
+        "or something the record does not name changed"
+    )
+
+
+def cpu_info(field: str) -> str:
+    """A field of the first CPU as Linux gives it; empty elsewhere."""
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.is_file() else []
+    found = [line.split(":", 1)[1].strip() for line in lines if line.split(":", 1)[0].strip() == field]
+    return found[0] if found else ""
+
+
+def cpu_flags() -> set[str]:
+    return set(cpu_info("flags").split())
+
+
+def cpu_model() -> str:
+    """The CPU's name, for the failures' messages."""
+    return cpu_info("model name") or platform.machine()
+
+
+@pytest.mark.slow  # four trainings of a few steps and the whole recipe's above, shared
+def test_the_recipe_in_two_runs_or_lesson_by_lesson_makes_the_whole_recipes_weights(
+    pinned_here: bytes, tmp_path: Path
+):
     """The whole recipe may be trained in two runs, so that the tower can be kept between sessions
     (docs/SEEING_MODEL_RUNS.md, run PW): the vision and answers lessons, then lessons two to four
     on its tower (`--second-lesson-from`); or each later lesson on its own, on the model the lesson
     before it saved (`--third-lesson-from`, `--fourth-lesson-from`), so that one lesson can be
     changed and run again alone. Pinned, as the script trains, the bytes are the whole recipe's."""
-    whole = trained(tmp_path / "whole", without_pins(), A_FEW_STEPS)
+    whole = pinned_here  # the whole recipe's few steps, trained once for the module
     two = [*A_FEW_STEPS[:4], "--named-steps", "0", "--box-steps", "0"]
     trained(tmp_path / "two", without_pins(), two)
     rest = [*A_FEW_STEPS, "--second-lesson-from", str(tmp_path / "two")]
