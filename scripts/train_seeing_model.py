@@ -21,8 +21,8 @@ model (its first lesson's, which the later ones leave as it is; the committed mo
 of other seeds: `docs/SEEING_MODEL_RUNS.md`); weights of a seed other than the recipe's are
 stamped with it. It trains with the arithmetic pinned (`app.demo.numerics`: it starts itself again
 with the pins), so that one seed should make the same weights on any x86-64 machine with AVX2
-(seen on two AMD CPUs, one with AVX-512 and one without; the tests check a few steps against
-recorded bytes wherever they run: docs/SEEING_MODEL_RUNS.md).
+(its vision lesson made byte for byte on two AMD CPUs, one with AVX-512 and one without; `make
+test` checks a few steps against recorded bytes: docs/SEEING_MODEL_RUNS.md).
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ an AMD EPYC, gave other weights (docs/SEEING_MODEL_RUNS.md, run H1E). On that ma
 the recipe gave other bytes with torch's kernels held to AVX2, with oneDNN's held to AVX2, with
 MKL's reproducible mode and on two threads instead of one; with the pins below, holding oneDNN's,
 MKL's or numpy's instructions to AVX2 on top changed nothing. A second CPU, an AMD EPYC without
-AVX-512, made the same bytes as that machine from the seed, the whole vision lesson pinned; and the
-tests train a few steps pinned on every machine they run on and compare them with bytes recorded on
-that second CPU (`tests/test_training_script.py`). No Intel CPU has been seen yet; an ARM machine
+AVX-512, made the same bytes as that machine from the seed, the whole vision lesson pinned; and
+`make test` trains a few steps pinned on x86-64 machines with AVX2 and compares them with bytes
+recorded on that second CPU (`tests/test_training_script.py`). No Intel CPU has been seen yet; an ARM machine
 computes otherwise whatever is pinned.
 
 torch reads `ATEN_CPU_CAPABILITY` once, as it loads, so a process that has loaded torch cannot be
