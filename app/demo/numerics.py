@@ -10,8 +10,8 @@ MKL's reproducible mode and on two threads instead of one; with the pins below, 
 MKL's or numpy's instructions to AVX2 on top changed nothing. A second CPU, an AMD EPYC without
 AVX-512, made the same bytes as that machine from the seed, the whole vision lesson pinned; and
 `make test` trains a few steps pinned on x86-64 machines with AVX2 and compares them with bytes
-recorded on that second CPU (`tests/test_training_script.py`). No Intel CPU has been seen yet; an ARM machine
-computes otherwise whatever is pinned.
+recorded on that second CPU (`tests/test_training_script.py`). No Intel CPU has been seen yet; an
+ARM machine computes otherwise whatever is pinned.
 
 torch reads `ATEN_CPU_CAPABILITY` once, as it loads, so a process that has loaded torch cannot be
 pinned after: `scripts/train_seeing_model.py` starts itself again with `pinned_environ`, calls
