@@ -144,27 +144,50 @@ PINNED_FEW_STEPS = {
     "sha256": "517cef728604cdca9861e9337d88de7cf970f630925066afcac6d4dff56d959c",
     "recorded_on": "AMD EPYC, family 25 model 1 (AVX2, no AVX-512), on 2026-12-07",
 }
+# The same for the second seeing model (`app.demo.seeing_llava`, a tiny LLaVA), whose training the
+# script pins too: two steps of each of its lessons, from the same seed.
+SECOND_FEW_STEPS = ["--model", "second", "--vision-steps", "2", "--answer-steps", "2"]
+PINNED_SECOND_FEW_STEPS = {
+    "made_with": {
+        "sources": "eb8d46582a65f13135ed46107eb65f081960098700b38c2e689201e604203292",
+        "numerics": "558b6c246f2b3f544a6127976645f33b2adc880bd9b9363469fc13a770f8109e",
+        "script": "cc455339f7a04908e20c5c968d02275cc05b1c0d87e7b6fd918198a520379cd2",
+        "twin and card": "e54b5169cb09bbc65e358806432833045bdda70736d5887d4b6872508c72badc",
+        "versions": PINNED_FEW_STEPS["made_with"]["versions"],
+    },
+    "sha256": "ed21128397f70acaf9141a0715dfd9854ec6eadd2d3d08c448d41add46cc7b37",
+    "recorded_on": "AMD EPYC, family 25 model 1 (AVX2, no AVX-512), on 2026-12-08",
+}
 ROOT = SCRIPT.parent.parent
-TWIN_AND_CARD = [
-    "app/demo/twins/common.py",
-    "app/demo/twins/native.py",
-    "app/catalog/adapters.py",
-    "model_cards/qwen3_vl.yaml",
-]
+TWIN_AND_CARD = {
+    "first": [
+        "app/demo/twins/common.py",
+        "app/demo/twins/native.py",
+        "app/catalog/adapters.py",
+        "model_cards/qwen3_vl.yaml",
+    ],
+    "second": [
+        "app/demo/twins/common.py",
+        "app/demo/twins/native.py",
+        "app/catalog/adapters.py",
+        "model_cards/llava.yaml",
+    ],
+}
 
 
-def made_with_here() -> dict[str, object]:
-    """What the recorded bytes depend on, as this checkout and environment have it."""
-    from app.demo import numerics, seeing_model
+def made_with_here(model: str = "first") -> dict[str, object]:
+    """What the recorded bytes of `model` depend on, as this checkout and environment have it."""
+    from app.demo import numerics, seeing_llava, seeing_model
 
     def hashed(*paths: Path) -> str:
         return hashlib.sha256(b"".join(path.read_bytes() for path in paths)).hexdigest()
 
+    stamp = seeing_model.training_stamp() if model == "first" else seeing_llava.training_stamp()
     return {
-        "sources": seeing_model.training_stamp()["sources"],
+        "sources": stamp["sources"],
         "numerics": hashed(Path(numerics.__file__)),
         "script": hashed(SCRIPT),
-        "twin and card": hashed(*(ROOT / name for name in TWIN_AND_CARD)),
+        "twin and card": hashed(*(ROOT / name for name in TWIN_AND_CARD[model])),
         # Without a local label: torch is "2.13.0+cpu" from the CPU wheel, "2.13.0" from PyPI.
         "versions": {name: version(name).split("+")[0] for name in PINNED_FEW_STEPS["made_with"]["versions"]},
     }
@@ -193,24 +216,44 @@ def test_one_seed_makes_the_bytes_recorded_on_one_machine_on_this_one(pinned_her
     suite checks the pins on whatever x86-64 CPU with AVX2 it runs on. Where the bytes differ, the
     record's files and versions say whether what decides the training changed (then record the
     bytes again, on a CPU that made the recorded ones) or the pins do not hold on this CPU."""
-    if platform.machine() != "x86_64" or "avx2" not in cpu_flags():
-        pytest.skip("the pins hold x86-64 machines with AVX2 to AVX2; this one computes otherwise")
-    sha256 = hashlib.sha256(pinned_here).hexdigest()
-    if sha256 == PINNED_FEW_STEPS["sha256"]:
+    made_as_recorded(pinned_here, PINNED_FEW_STEPS, "first")
+
+
+@pytest.mark.slow  # a training of four steps, about 20 s alone
+def test_the_second_model_makes_the_bytes_recorded_with_another_machines_settings(tmp_path: Path):
+    """The second seeing model's training is pinned as the first's: with another machine's settings
+    (oneDNN, MKL and numpy held to AVX2, one thread, torch's kernels and MKL's path set otherwise)
+    its few steps make the bytes recorded on one machine (`PINNED_SECOND_FEW_STEPS`)."""
+    skip_where_the_pins_differ()
+    there = {**without_pins(), **ANOTHER_MACHINE}
+    made_as_recorded(trained(tmp_path / "second", there, SECOND_FEW_STEPS), PINNED_SECOND_FEW_STEPS, "second")
+
+
+def made_as_recorded(weights: bytes, recorded: dict, model: str) -> None:
+    """Passes where `weights` are the recorded bytes; else fails naming what changed since they
+    were recorded, or, where nothing did, this CPU."""
+    skip_where_the_pins_differ()
+    sha256 = hashlib.sha256(weights).hexdigest()
+    if sha256 == recorded["sha256"]:
         return
-    recorded, here = PINNED_FEW_STEPS["made_with"], made_with_here()
-    changed = [name for name in recorded if here[name] != recorded[name]]
+    here = made_with_here(model)
+    changed = [name for name in recorded["made_with"] if here[name] != recorded["made_with"][name]]
     record = {"made_with": here, "sha256": sha256}
     assert not changed, (
-        f"other bytes, and {', '.join(changed)} changed since they were recorded on "
-        f"{PINNED_FEW_STEPS['recorded_on']}: if that was meant (a version through requirements-cpu.txt), "
-        f"record {record} from a CPU that made the recorded bytes"
+        f"the {model} model's few steps make other bytes, and {', '.join(changed)} changed since they "
+        f"were recorded on {recorded['recorded_on']}: if that was meant (a version through "
+        f"requirements-cpu.txt), record {record} from a CPU that made the recorded bytes"
     )
     raise AssertionError(
-        f"this machine ({cpu_model()}) makes other bytes than {PINNED_FEW_STEPS['recorded_on']} did "
-        "from the same seed, files and libraries: the pins (app/demo/numerics.py) do not hold on "
-        "this CPU, or something the record does not name changed"
+        f"this machine ({cpu_model()}) makes other bytes of the {model} model than "
+        f"{recorded['recorded_on']} did from the same seed, files and libraries: the pins "
+        "(app/demo/numerics.py) do not hold on this CPU, or something the record does not name changed"
     )
+
+
+def skip_where_the_pins_differ() -> None:
+    if platform.machine() != "x86_64" or "avx2" not in cpu_flags():
+        pytest.skip("the pins hold x86-64 machines with AVX2 to AVX2; this one computes otherwise")
 
 
 def cpu_info(field: str) -> str:
